@@ -1,0 +1,124 @@
+"""The shared benchmark harness: run contenders side by side, alternating, and report medians.
+
+Each benchmark program builds a dict of contenders (``"torch"``, ``"stoker"``, ...), each a
+zero-argument callable that performs one timed run and returns a dict of counts for it
+(``{"samples": n, "bytes": b, ...}``; the harness adds ``seconds``). The harness warms each
+up once, then runs them ``repeats`` times in alternating order (so drift on this noisy
+machine hits all alike), and reports per contender the median time, rates per second and the
+ratio to the baseline, as a table on stdout and a JSON record under ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+Run = Callable[[], dict[str, float]]
+
+
+def cli(description: str, repeats: int = 5, workers: int | None = None) -> argparse.Namespace:
+    """The common command line: ``--repeats N``, ``--quick`` (one repeat, for smoke runs) and,
+    when ``workers`` is given, ``--workers N`` with that default."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if workers is not None:
+        parser.add_argument("--workers", type=int, default=workers, help="num_workers")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed runs per contender")
+    parser.add_argument("--quick", action="store_true", help="one repeat, no warm-up")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
+    return args
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of the libraries that a result depends on."""
+    out = {"python": platform.python_version()}
+    for name in ("stoker", "numpy", "torch", "torchvision", "PIL", "simplejpeg", "grain"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            out[name] = str(getattr(mod, "__version__", "?"))
+    return out
+
+
+def timed(run: Run) -> dict[str, float]:
+    """One run of ``run`` with its wall time added as ``seconds``."""
+    t0 = time.perf_counter()
+    counts = run()
+    return {**counts, "seconds": time.perf_counter() - t0}
+
+
+def compare(
+    workload: str,
+    contenders: dict[str, Run],
+    *,
+    repeats: int,
+    baseline: str = "torch",
+    config: dict[str, Any] | None = None,
+    warmup: bool = True,
+) -> dict[str, Any]:
+    """Runs every contender ``repeats`` times, alternating; prints and saves the medians.
+
+    Returns:
+        The JSON record: config, versions, cores, and per contender the raw runs, the median
+        seconds, the median rate of each count per second, and ``ratio`` (the contender's
+        median rate of the first count over the baseline's, > 1 is faster).
+    """
+    if warmup:
+        for run in contenders.values():
+            run()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for i in range(repeats):
+        for name in names if i % 2 == 0 else reversed(names):
+            runs[name].append(timed(contenders[name]))
+    summary: dict[str, Any] = {}
+    for name, rs in runs.items():
+        rates = {
+            f"{k}_per_s": statistics.median(r[k] / r["seconds"] for r in rs)
+            for k in rs[0]
+            if k != "seconds"
+        }
+        summary[name] = {
+            "median_seconds": statistics.median(r["seconds"] for r in rs),
+            **rates,
+            "runs": rs,
+        }
+    first_rate = next((k for k in summary[names[0]] if k.endswith("_per_s")), None)
+    if baseline in summary and first_rate:
+        base = summary[baseline][first_rate]
+        for s in summary.values():
+            s["ratio"] = s[first_rate] / base if base else float("nan")
+    record = {
+        "workload": workload,
+        "config": config or {},
+        "repeats": repeats,
+        "cores": os.cpu_count(),
+        "versions": versions(),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "results": summary,
+    }
+    _print(record, first_rate)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{workload}.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+def _print(record: dict[str, Any], rate: str | None) -> None:
+    print(f"\n{record['workload']}  (median of {record['repeats']}, {record['cores']} cores)")
+    print(f"{'contender':<28} {'median s':>10} {rate or '':>18} {'ratio':>8}")
+    for name, s in record["results"].items():
+        value = f"{s[rate]:,.1f}" if rate else ""
+        ratio = f"{s['ratio']:.2f}x" if "ratio" in s else ""
+        print(f"{name:<28} {s['median_seconds']:>10.4f} {value:>18} {ratio:>8}")

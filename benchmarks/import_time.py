@@ -1,0 +1,46 @@
+"""Import time of ``import stoker`` (spawned workers pay it each): median of fresh interpreters.
+
+    python benchmarks/import_time.py [--repeats R]
+
+Prints the median wall time of ``python -c "import stoker"`` minus that of ``python -c
+"pass"``, and of ``import torch.utils.data`` for comparison when torch is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness
+
+
+def wall(code: str) -> float:
+    """Wall time of a fresh interpreter running ``code``, in seconds."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    args = harness.cli(__doc__ or "", repeats=15)
+    codes = {"python": "pass", "stoker": "import stoker"}
+    if importlib.util.find_spec("torch") is not None:
+        codes["torch.utils.data"] = "import torch.utils.data"
+    times: dict[str, list[float]] = {k: [] for k in codes}
+    for _ in range(args.repeats):
+        for name, code in codes.items():
+            times[name].append(wall(code))
+    base = statistics.median(times["python"])
+    print(f"import time, median of {args.repeats} fresh interpreters, beyond bare python:")
+    for name in codes:
+        if name != "python":
+            print(f"  {name:<18} {(statistics.median(times[name]) - base) * 1e3:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""W3, tiny samples: 200k pairs (8 float32, int64 label), batch 256, shuffled, one epoch.
+
+Runs torch.utils.data.DataLoader and stoker's DataLoader side by side (stoker on NumPy
+arrays and on torch tensors), alternating, and prints the median samples/s and ratios.
+
+    python benchmarks/w3_tiny.py [--workers N] [--repeats R]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness
+import stoker
+
+N, FEATURES, BATCH = 200_000, 8, 256
+
+
+def epoch(loader: Any) -> Callable[[], dict[str, float]]:
+    """A run: one full epoch of ``loader``, counting samples."""
+
+    def run() -> dict[str, float]:
+        n = 0
+        for _, y in loader:
+            n += len(y)
+        assert n == N
+        return {"samples": n}
+
+    return run
+
+
+def main() -> None:
+    args = harness.cli(__doc__ or "", repeats=7, workers=0)
+    import torch
+
+    x = np.random.default_rng(0).standard_normal((N, FEATURES), dtype=np.float32)
+    y = np.arange(N, dtype=np.int64)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": args.workers}
+    contenders = {
+        "torch": epoch(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tx, ty), **kw)),
+        "stoker (numpy)": epoch(stoker.DataLoader(stoker.TensorDataset(x, y), **kw)),
+        "stoker (torch tensors)": epoch(stoker.DataLoader(stoker.TensorDataset(tx, ty), **kw)),
+    }
+    harness.compare(
+        f"w3_tiny_{args.workers}w",
+        contenders,
+        repeats=args.repeats,
+        config={"samples": N, "features": FEATURES, "batch_size": BATCH, **kw},
+    )
+
+
+if __name__ == "__main__":
+    main()

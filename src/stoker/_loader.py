@@ -1,0 +1,336 @@
+"""DataLoader: validates its arguments, builds sampling, owns the epoch, picks an iterator.
+
+It holds no worker logic: iteration is done by the engine (``stoker._engine``), in the main
+process when ``num_workers == 0`` and by workers otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import multiprocessing.context
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar, cast
+
+import numpy as np
+
+from stoker import _random
+from stoker._collate import DefaultCollate
+from stoker._dataset import is_iterable_dataset
+from stoker._engine._pin import pin_device
+from stoker._fetch import IterableFetcher, MapFetcher
+from stoker._sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+
+T_co = TypeVar("T_co", covariant=True)
+
+_TENSOR_TYPES = (None, "numpy", "torch")
+_WORKER_MODES = ("process", "thread")
+_FROZEN_AFTER_INIT = (
+    "batch_size",
+    "batch_sampler",
+    "sampler",
+    "drop_last",
+    "dataset",
+    "persistent_workers",
+)
+
+
+class _InfiniteSampler(Sampler[None]):
+    """The sampler of an iterable dataset: an endless stream of None tasks."""
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None
+
+
+class DataLoader(Generic[T_co]):
+    """Iterates over a dataset in batches, in the main process or in workers.
+
+    The arguments up to ``in_order`` are torch.utils.data.DataLoader's, with its defaults,
+    behaviour and validation. stoker's own are keyword-only.
+
+    Args:
+        dataset: a map-style dataset (``__getitem__`` and ``__len__``) or an iterable one.
+        batch_size: samples per batch; None disables automatic batching.
+        shuffle: reshuffle the samples at every epoch (map-style datasets only).
+        sampler: the order of sample indices; excludes ``shuffle``.
+        batch_sampler: yields lists of indices; excludes ``batch_size``, ``shuffle``,
+            ``sampler`` and ``drop_last``.
+        num_workers: worker count; 0 loads in the main process.
+        collate_fn: merges a list of samples into a batch; default: ``default_collate``
+            (``default_convert`` without automatic batching), following ``tensor_type``.
+        pin_memory: copy batches into page-locked memory (needs torch and an accelerator).
+        drop_last: drop the last batch when it is smaller than ``batch_size``.
+        timeout: seconds to wait for a batch from a worker; 0 waits as long as the
+            worker is alive.
+        worker_init_fn: called in each worker with its id after seeding.
+        multiprocessing_context: start method (``"fork"``, ``"spawn"``, ``"forkserver"``)
+            or a multiprocessing context object; process workers only.
+        generator: an int seed, a ``numpy.random.Generator`` or a ``torch.Generator``,
+            from which the shuffle order and workers' seeds derive.
+        prefetch_factor: batches loaded ahead per worker (default 2 with workers).
+        persistent_workers: keep workers alive between epochs.
+        pin_memory_device: the device to pin for; default: the current accelerator.
+        in_order: deliver batches in sampler order; False delivers the first ready.
+        tensor_type: None follows the data (torch tensors when a sample holds one, NumPy
+            otherwise); ``"numpy"`` or ``"torch"`` force one.
+        worker_mode: ``"process"`` or ``"thread"`` workers.
+
+    Raises:
+        ValueError: for contradictory or out-of-range arguments, as torch raises.
+        TypeError: for arguments of the wrong kind.
+    """
+
+    dataset: Any
+    batch_size: int | None
+    drop_last: bool
+    sampler: Any
+    batch_sampler: Any
+    __initialized = False
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | Any = None,
+        batch_sampler: Sampler[Any] | Iterable[Any] | Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: str | multiprocessing.context.BaseContext | None = None,
+        generator: _random.GeneratorLike = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        tensor_type: str | None = None,
+        worker_mode: str = "process",
+    ) -> None:
+        _check_num_workers(num_workers)
+        if timeout < 0:
+            raise ValueError(f"timeout option should be non-negative, got timeout={timeout}.")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing: let "
+                "num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
+                f"to None (got prefetch_factor={prefetch_factor!r})."
+            )
+        if num_workers != 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        if isinstance(prefetch_factor, int) and prefetch_factor < 0:
+            raise ValueError(
+                f"prefetch_factor option should be non-negative, got {prefetch_factor}."
+            )
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0.")
+        if tensor_type not in _TENSOR_TYPES:
+            raise ValueError(f"tensor_type must be one of {_TENSOR_TYPES}, got {tensor_type!r}.")
+        if worker_mode not in _WORKER_MODES:
+            raise ValueError(f"worker_mode must be one of {_WORKER_MODES}, got {worker_mode!r}.")
+        _random.check_generator(generator)
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.in_order = in_order
+        self.tensor_type = tensor_type
+        self.worker_mode = worker_mode
+        self.generator = generator
+
+        self._iterable = is_iterable_dataset(dataset)
+        if self._iterable:
+            if shuffle not in (False, None):
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified shuffle option, "
+                    f"but got shuffle={shuffle}; an iterable dataset orders its own samples."
+                )
+            if sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified sampler option, "
+                    f"but got sampler={sampler}; an iterable dataset orders its own samples."
+                )
+            if batch_sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified batch_sampler "
+                    f"option, but got batch_sampler={batch_sampler}."
+                )
+        shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError(
+                "sampler option is mutually exclusive with shuffle: pass shuffle=False (the "
+                "sampler decides the order) or drop the sampler."
+            )
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, "
+                    "sampler, and drop_last: the batch sampler decides all of them."
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None and drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching and is mutually exclusive "
+                "with drop_last=True."
+            )
+        if sampler is None:
+            if self._iterable:
+                sampler = _InfiniteSampler()
+            elif shuffle:
+                sampler = RandomSampler(dataset, generator=generator)
+            else:
+                sampler = SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(cast(Any, sampler), batch_size, drop_last)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        if collate_fn is None:
+            collate_fn = DefaultCollate(tensor_type, batched=batch_sampler is not None)
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        self.multiprocessing_context = multiprocessing_context
+        self._iterable_len_reported: int | None = None
+        self._iterator: Any = None
+        self._epoch = 0
+        self._pin_device: str | None = None
+        self._pin_checked = False
+        self.__initialized = True
+
+    # -- attributes with rules ---------------------------------------------------------
+
+    @property
+    def multiprocessing_context(self) -> multiprocessing.context.BaseContext | None:
+        """The start method's context for process workers, or None for the default."""
+        return self.__multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(
+        self, ctx: str | multiprocessing.context.BaseContext | None
+    ) -> None:
+        if ctx is not None:
+            if self.num_workers == 0:
+                raise ValueError(
+                    "multiprocessing_context can only be used with multi-process loading "
+                    f"(num_workers > 0), but got num_workers={self.num_workers}."
+                )
+            if isinstance(ctx, str):
+                methods = multiprocessing.get_all_start_methods()
+                if ctx not in methods:
+                    raise ValueError(
+                        f"multiprocessing_context should be a start method in {methods}, "
+                        f"got {ctx!r}."
+                    )
+                ctx = multiprocessing.get_context(ctx)
+            if not isinstance(ctx, multiprocessing.context.BaseContext):
+                raise TypeError(
+                    "multiprocessing_context should be a start method name or a "
+                    f"multiprocessing context object, got {type(ctx).__name__}."
+                )
+        self.__multiprocessing_context = ctx
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__initialized and name in _FROZEN_AFTER_INIT:
+            raise ValueError(
+                f"{name} attribute should not be set after {type(self).__name__} is "
+                "initialized: build a new DataLoader instead."
+            )
+        super().__setattr__(name, value)
+
+    # -- iteration ----------------------------------------------------------------------
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def _make_fetcher(self) -> MapFetcher | IterableFetcher:
+        """A fresh fetcher for one iterator (in the main process or a worker)."""
+        if self._iterable:
+            return IterableFetcher(
+                self.dataset,
+                self._auto_collation,
+                self.collate_fn,
+                self.drop_last,
+                self.batch_size,
+            )
+        return MapFetcher(self.dataset, self._auto_collation, self.collate_fn)
+
+    def _resolved_pin_device(self) -> str | None:
+        """Where batches are pinned, or None; decided (and warned about) once per loader."""
+        if self.pin_memory and not self._pin_checked:
+            self._pin_device = pin_device(self.pin_memory_device)
+            self._pin_checked = True
+        return self._pin_device
+
+    def _tasks(self) -> Iterator[Any]:
+        """This epoch's tasks: index batches (int64 arrays on the fast path) or indices."""
+        if type(self.batch_sampler) is BatchSampler:
+            return self.batch_sampler._iter_arrays()
+        return iter(self._index_sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._epoch += 1
+        if self.num_workers == 0:
+            from stoker._engine._single import SingleProcessIterator
+
+            return SingleProcessIterator(self)
+        raise NotImplementedError(_WORKERS_PENDING)
+
+    def __len__(self) -> int:
+        if self._iterable:
+            n = len(self.dataset)
+            if self.batch_size is not None:
+                n = n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+            self._iterable_len_reported = n
+            return n
+        return len(self._index_sampler)
+
+    def _warn_if_iterable_overran(self, yielded: int) -> None:
+        """torch's warning when an iterable dataset yields more than ``len()`` said."""
+        reported = self._iterable_len_reported
+        if reported is not None and yielded > reported:
+            warnings.warn(
+                f"Length of IterableDataset {self.dataset} was reported to be {reported} "
+                f"(when accessing len(dataloader)), but {yielded} batches have been "
+                "fetched. For multiprocessing data-loading, this could be caused by not "
+                "properly configuring the IterableDataset replica at each worker.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+_WORKERS_PENDING = (
+    "num_workers > 0 is not available in this build of stoker yet: the worker engine "
+    "lands in its own release. Use num_workers=0 for now."
+)
+
+
+def _check_num_workers(num_workers: object) -> None:
+    if num_workers == "auto":
+        raise NotImplementedError(
+            "num_workers='auto' needs the worker engine, which lands in its own release; "
+            "pass a number of workers."
+        )
+    if not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool):
+        raise TypeError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}.")
+    if num_workers < 0:
+        raise ValueError(
+            "num_workers option should be non-negative; use num_workers=0 to disable "
+            f"multiprocessing (got {num_workers})."
+        )

@@ -1,0 +1,31 @@
+"""stoker's exceptions. Each subclasses the builtin a user would already catch::
+
+    RuntimeError
+    ├── WorkerError          a worker process or thread failed (died, timed out, crashed)
+    │   └── SharedMemoryError   /dev/shm cannot hold what the loader needs
+    └── CollateError         samples whose shapes or lengths differ (names the field path)
+
+Collate raises plain ``TypeError`` for a type it cannot batch, as torch does.
+
+Exceptions raised by user code inside a worker keep their own type in the main process; the
+worker's traceback, id and sample indices are attached as a note.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CollateError", "SharedMemoryError", "WorkerError"]
+
+
+class WorkerError(RuntimeError):
+    """A worker failed: it died, stopped answering within ``timeout``, or could not start."""
+
+
+class SharedMemoryError(WorkerError):
+    """Shared memory (``/dev/shm``) is too small for the batches in flight."""
+
+
+class CollateError(RuntimeError):
+    """Samples of a batch differ in shape or length; the message names the field path.
+
+    A ``RuntimeError``, as torch raises for the same batches.
+    """

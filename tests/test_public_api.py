@@ -1,0 +1,73 @@
+"""The public surface: names of API.md, sorted __all__, public module path, light import."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import stoker
+
+API_NAMES = {
+    "Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "ChainDataset", "Subset",
+    "StackDataset", "random_split", "Sampler", "SequentialSampler", "RandomSampler",
+    "SubsetRandomSampler", "WeightedRandomSampler", "BatchSampler", "DistributedSampler",
+    "default_collate", "default_convert", "DataLoader", "get_worker_info",
+}  # fmt: skip
+
+
+def test_all_is_sorted_and_complete() -> None:
+    """__all__ is sorted, names every name of API.md, and every entry exists."""
+    assert stoker.__all__ == sorted(stoker.__all__)
+    assert set(stoker.__all__) >= API_NAMES
+    for name in stoker.__all__:
+        assert hasattr(stoker, name), name
+
+
+def test_public_objects_report_public_module() -> None:
+    """Classes and functions say they live in `stoker`, not in a private module."""
+    for name in stoker.__all__:
+        assert getattr(stoker, name).__module__ == "stoker", name
+
+
+def test_pickles_use_public_path() -> None:
+    """Pickles of public objects name `stoker.X`, so they survive moving private modules."""
+    objs = [
+        stoker.TensorDataset(np.arange(4)),
+        stoker.SequentialSampler(range(3)),
+        stoker.BatchSampler(stoker.SequentialSampler(range(3)), 2, False),
+    ]
+    for obj in objs:
+        data = pickle.dumps(obj)
+        assert b"stoker._" not in data, type(obj)
+        assert type(pickle.loads(data)) is type(obj)
+
+
+def test_dataloader_signature_matches_torch() -> None:
+    """DataLoader's parameters up to in_order have torch's names, order, kinds and defaults."""
+    torch = pytest.importorskip("torch")
+    ours = list(inspect.signature(stoker.DataLoader.__init__).parameters.values())
+    theirs = list(inspect.signature(torch.utils.data.DataLoader.__init__).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in ours[: len(theirs)]] == [
+        (p.name, p.kind, p.default) for p in theirs
+    ]
+    extra = ours[len(theirs) :]
+    assert [p.name for p in extra] == ["tensor_type", "worker_mode"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
+
+
+def test_import_is_light() -> None:
+    """`import stoker` imports neither torch nor Pillow (a fresh interpreter checks)."""
+    code = (
+        "import sys, stoker, stoker.errors; "
+        "heavy = [m for m in ('torch', 'PIL', 'simplejpeg', 'lmdb', 'fsspec') "
+        "if m in sys.modules]; print(heavy)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,34 @@
+"""The code stays lint-clean (ruff) and type-clean (mypy strict on src/)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_ruff_clean() -> None:
+    """`ruff check` finds nothing in src, tests and benchmarks."""
+    beside = Path(sys.executable).with_name("ruff")
+    ruff = str(beside) if beside.exists() else shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed")
+    out = _run(ruff, "check", "src", "tests", "benchmarks")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_mypy_strict_clean() -> None:
+    """`mypy --strict` (configured in pyproject.toml) finds nothing in src/."""
+    pytest.importorskip("mypy")
+    out = _run(sys.executable, "-m", "mypy")
+    assert out.returncode == 0, out.stdout + out.stderr
