@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,7 @@ def run_demo(samples: int, batch_size: int, epochs: int) -> int:
     features = rng.standard_normal((samples, 8), dtype=np.float32)
     labels = rng.integers(0, 10, samples)
     dataset = TensorDataset(features, labels)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=0)
+    loader: DataLoader[Any] = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=0)
     print(
         f"stoker demo: {samples:,} samples (8 float32 features, int64 label), "
         f"batch_size={batch_size}, shuffled, in-process"

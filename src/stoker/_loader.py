@@ -6,6 +6,7 @@ process when ``num_workers == 0`` and by workers otherwise.
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import multiprocessing.context
@@ -16,15 +17,20 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 
 from stoker import _random
-from stoker._collate import DefaultCollate
+from stoker._collate import DefaultCollate, check_tensor_type
 from stoker._dataset import is_iterable_dataset
 from stoker._engine._pin import pin_device
 from stoker._fetch import IterableFetcher, MapFetcher
-from stoker._sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from stoker._sampler import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    batch_arrays,
+)
 
 T_co = TypeVar("T_co", covariant=True)
 
-_TENSOR_TYPES = (None, "numpy", "torch")
 _WORKER_MODES = ("process", "thread")
 _FROZEN_AFTER_INIT = (
     "batch_size",
@@ -129,8 +135,7 @@ class DataLoader(Generic[T_co]):
             )
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0.")
-        if tensor_type not in _TENSOR_TYPES:
-            raise ValueError(f"tensor_type must be one of {_TENSOR_TYPES}, got {tensor_type!r}.")
+        check_tensor_type(tensor_type)
         if worker_mode not in _WORKER_MODES:
             raise ValueError(f"worker_mode must be one of {_WORKER_MODES}, got {worker_mode!r}.")
         _random.check_generator(generator)
@@ -207,6 +212,10 @@ class DataLoader(Generic[T_co]):
         self._epoch = 0
         self._pin_device: str | None = None
         self._pin_checked = False
+        if num_workers > 0:
+            from stoker._engine._multi import workers_warning
+
+            workers_warning(num_workers, worker_mode)
         self.__initialized = True
 
     # -- attributes with rules ---------------------------------------------------------
@@ -279,10 +288,14 @@ class DataLoader(Generic[T_co]):
         return self._pin_device
 
     def _tasks(self) -> Iterator[Any]:
-        """This epoch's tasks: index batches (int64 arrays on the fast path) or indices."""
-        if type(self.batch_sampler) is BatchSampler:
-            return self.batch_sampler._iter_arrays()
-        return iter(self._index_sampler)
+        """This epoch's tasks: index batches (int64 arrays on the fast path) or indices.
+
+        An iterable dataset orders itself: its tasks are an endless stream of None.
+        """
+        if self._iterable:
+            return itertools.repeat(None)
+        arrays = batch_arrays(self.batch_sampler)
+        return arrays if arrays is not None else iter(self._index_sampler)
 
     def __iter__(self) -> Iterator[Any]:
         self._epoch += 1
@@ -290,7 +303,16 @@ class DataLoader(Generic[T_co]):
             from stoker._engine._single import SingleProcessIterator
 
             return SingleProcessIterator(self)
-        raise NotImplementedError(_WORKERS_PENDING)
+        from stoker._engine._multi import MultiWorkerIterator
+
+        if not self.persistent_workers:
+            return MultiWorkerIterator(self)
+        if self._iterator is None or not self._iterator._alive:
+            self._iterator = MultiWorkerIterator(self)
+        else:
+            self._iterator._reset()
+        it: MultiWorkerIterator = self._iterator
+        return it
 
     def __len__(self) -> int:
         if self._iterable:
@@ -315,16 +337,10 @@ class DataLoader(Generic[T_co]):
             )
 
 
-_WORKERS_PENDING = (
-    "num_workers > 0 is not available in this build of stoker yet: the worker engine "
-    "lands in its own release. Use num_workers=0 for now."
-)
-
-
 def _check_num_workers(num_workers: object) -> None:
     if num_workers == "auto":
         raise NotImplementedError(
-            "num_workers='auto' needs the worker engine, which lands in its own release; "
+            "num_workers='auto' (autotuning) is not available in this build of stoker; "
             "pass a number of workers."
         )
     if not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool):

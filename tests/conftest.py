@@ -1,0 +1,121 @@
+"""Suite-wide fixtures: every test must leave no child process, descriptor, thread or segment.
+
+The check runs after each test (autouse). Worker pools shut down from ``weakref.finalize``,
+so the fixture first collects garbage; whatever is still there after a short bounded wait
+(reaping is asynchronous in the kernel) fails the test that left it.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+_LEAK_WAIT_S = 3.0
+"""How long a leftover may take to disappear after the test ends."""
+_RECHECK_S = 0.02
+
+_SHM_DIR = "/dev/shm"
+
+
+def _children() -> set[int]:
+    pids: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+    except OSError:  # not Linux: multiprocessing's view only
+        pids.update(p.pid for p in multiprocessing.active_children() if p.pid)
+    return pids - _service_pids()
+
+
+def _service_pids() -> set[int]:
+    """multiprocessing's own long-lived helpers (forkserver, resource tracker)."""
+    out: set[int] = set()
+    try:
+        from multiprocessing import forkserver, resource_tracker
+
+        pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+        if pid:
+            out.add(pid)
+        pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+        if pid:
+            out.add(pid)
+    except Exception:
+        pass
+    return out
+
+
+def _service_fds() -> set[int]:
+    out: set[int] = set()
+    try:
+        from multiprocessing import forkserver, resource_tracker
+
+        for fd in (
+            getattr(forkserver._forkserver, "_forkserver_alive_fd", None),
+            getattr(resource_tracker._resource_tracker, "_fd", None),
+        ):
+            if fd is not None:
+                out.add(fd)
+    except Exception:
+        pass
+    return out
+
+
+def _fds() -> set[int]:
+    try:
+        return {int(fd) for fd in os.listdir("/proc/self/fd")} - _service_fds()
+    except OSError:
+        return set()
+
+
+def _segments() -> set[str]:
+    """This process's stoker segments (other sessions on the machine make their own)."""
+    mine = f"stoker_{os.getpid()}_"
+    try:
+        return {n for n in os.listdir(_SHM_DIR) if n.startswith(mine)}
+    except OSError:
+        return set()
+
+
+def _threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def _snapshot() -> dict[str, set[object]]:
+    return {
+        "child processes": set(_children()),
+        "open file descriptors": set(_fds()),
+        "threads": set(_threads()),
+        "/dev/shm segments": set(_segments()),
+    }
+
+
+def leftovers(before: dict[str, set[object]]) -> dict[str, set[object]]:
+    """What exists now that did not before, after garbage collection and a bounded wait."""
+    deadline = time.monotonic() + _LEAK_WAIT_S
+    collect = False  # a full collection costs ~0.1 s with torch loaded: only when needed
+    while True:
+        if collect:
+            gc.collect()
+        collect = True
+        now = _snapshot()
+        extra = {k: now[k] - before[k] for k in now if now[k] - before[k]}
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(_RECHECK_S)  # a bounded re-check, not synchronisation: see the docstring
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test if it leaves a child process, descriptor, thread or segment behind."""
+    before = _snapshot()
+    yield
+    extra = leftovers(before)
+    if extra:
+        pytest.fail(f"{request.node.nodeid} left behind: {extra}", pytrace=False)
