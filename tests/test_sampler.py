@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import pickle
-import sys
-import types
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
+from stoker._distributed import DistributedSampler
+from stoker._random import draw_seed, rng
 from stoker._sampler import (
     BatchSampler,
-    DistributedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
@@ -85,26 +85,76 @@ def test_random_sampler_int_seed_repeats_and_epochs_differ() -> None:
     assert list(RandomSampler(range(50), generator=43)) != epochs_a[0]
 
 
-def test_random_sampler_numpy_generator_advances() -> None:
-    """A NumPy generator is advanced per epoch and reproduces from the same state."""
-    s = RandomSampler(range(50), generator=np.random.default_rng(5))
-    t = RandomSampler(range(50), generator=np.random.default_rng(5))
-    first = list(s)
-    assert first != list(s)
-    assert list(t) == first
+def test_random_sampler_epoch_is_rng_of_seed_and_epoch() -> None:
+    """Epoch e of an int-seeded sampler is exactly the permutation from rng(seed, e)."""
+    s = RandomSampler(range(30), generator=9)
+    for e in range(3):
+        assert list(s) == rng(9, e).permutation(30).tolist()
 
 
-def test_random_sampler_torch_generator_and_global_seed() -> None:
-    """A torch Generator or torch.manual_seed (generator=None) makes epochs repeatable."""
+def test_numpy_generator_is_drawn_once_not_per_epoch() -> None:
+    """A NumPy generator gives one base seed at the first __iter__, then is left alone."""
+    g, twin = np.random.default_rng(5), np.random.default_rng(5)
+    s = RandomSampler(range(50), generator=g)
+    assert s.state_dict()["seed"] is None
+    epochs = [list(s) for _ in range(3)]
+    seed = draw_seed(twin)  # the one draw the sampler made
+    assert g.bit_generator.state == twin.bit_generator.state
+    assert epochs == [rng(seed, e).permutation(50).tolist() for e in range(3)]
+    assert epochs[0] != epochs[1]
+
+
+def test_torch_generator_is_drawn_once_not_per_epoch() -> None:
+    """A torch Generator gives one base seed at the first __iter__; equal states repeat."""
     torch = pytest.importorskip("torch")
-    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
-    assert list(RandomSampler(range(30), generator=g1)) == list(
-        RandomSampler(range(30), generator=g2)
-    )
-    torch.manual_seed(11)
-    a = list(RandomSampler(range(30)))
-    torch.manual_seed(11)
-    assert list(RandomSampler(range(30))) == a
+    g, twin = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    s = RandomSampler(range(30), generator=g)
+    epochs = [list(s) for _ in range(3)]
+    seed = draw_seed(twin)
+    assert torch.equal(g.get_state(), twin.get_state())
+    assert epochs == [rng(seed, e).permutation(30).tolist() for e in range(3)]
+    t = RandomSampler(range(30), generator=torch.Generator().manual_seed(0))
+    assert [list(t) for _ in range(3)] == epochs
+
+
+def test_global_torch_seed_drawn_at_first_iter_only() -> None:
+    """generator=None draws once from torch's global RNG when first iterated, not when built."""
+    torch = pytest.importorskip("torch")
+    runs = []
+    for _ in range(2):
+        s = RandomSampler(range(30))
+        torch.manual_seed(11)  # after construction: the draw happens at the first __iter__
+        runs.append([list(s) for _ in range(3)])
+        after = torch.rand(3)
+        torch.manual_seed(11)
+        draw_seed(None)
+        assert torch.equal(after, torch.rand(3))  # exactly one draw for three epochs
+    assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
+
+
+def test_global_numpy_seed_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torch imported, np.random.seed before iterating repeats a run."""
+    import stoker._torch
+
+    monkeypatch.setattr(stoker._torch, "loaded", lambda: None)
+    runs = []
+    for _ in range(2):
+        s = SubsetRandomSampler(list(range(20)))
+        np.random.seed(3)
+        runs.append([list(s) for _ in range(2)])
+    assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
+
+
+def test_assigning_generator_resets_base_seed() -> None:
+    """Assigning .generator replaces the base seed (an int at once, others at next draw)."""
+    s = RandomSampler(range(20), generator=1)
+    _ = list(s)
+    s.generator = 2
+    assert s.state_dict() == {"kind": "RandomSampler", "seed": 2, "epoch": 1}
+    s.generator = np.random.default_rng(0)
+    assert s.state_dict()["seed"] is None
+    with pytest.raises(TypeError, match="generator"):
+        s.generator = "x"
 
 
 @pytest.mark.parametrize(
@@ -354,125 +404,6 @@ def test_overridden_iter_disables_fast_path() -> None:
     assert batch_arrays(Doubled(range(4), 2, drop_last=False)) is None
 
 
-# ---------------------------------------------------------------- DistributedSampler
-
-
-def test_distributed_unshuffled_matches_torch() -> None:
-    """With shuffle=False every rank's list and len equal torch's, over many shapes."""
-    torch = pytest.importorskip("torch")
-    for n in (0, 1, 2, 3, 5, 7, 8, 10, 17):
-        for replicas in (1, 2, 3, 4, 8, 13):
-            for drop_last in (False, True):
-                for rank in range(replicas):
-                    kw = {"num_replicas": replicas, "rank": rank, "shuffle": False}
-                    theirs = torch.utils.data.DistributedSampler(
-                        range(n), drop_last=drop_last, **kw
-                    )
-                    ours = DistributedSampler(range(n), drop_last=drop_last, **kw)  # type: ignore[arg-type]
-                    assert list(ours) == list(theirs), (n, replicas, drop_last, rank)
-                    assert len(ours) == len(theirs)
-                    assert ours.total_size == theirs.total_size
-
-
-def test_distributed_ranks_disjoint_and_cover() -> None:
-    """Shuffled ranks agree on one order: with drop_last disjoint, without it covering all."""
-    n, replicas = 103, 4
-    parts = [
-        list(DistributedSampler(range(n), replicas, r, seed=3, drop_last=True))
-        for r in range(replicas)
-    ]
-    flat = [i for p in parts for i in p]
-    assert len(flat) == len(set(flat)) == (n // replicas) * replicas
-    padded = [list(DistributedSampler(range(n), replicas, r, seed=3)) for r in range(replicas)]
-    assert {i for p in padded for i in p} == set(range(n))
-    assert {len(p) for p in padded} == {26}
-
-
-def test_distributed_set_epoch_changes_order() -> None:
-    """set_epoch changes the shuffled order; the same (seed, epoch) repeats it."""
-    s = DistributedSampler(range(40), num_replicas=2, rank=1, seed=5)
-    e0 = list(s)
-    assert list(s) == e0  # no set_epoch: same order, as torch
-    s.set_epoch(1)
-    e1 = list(s)
-    assert e1 != e0
-    t = DistributedSampler(range(40), num_replicas=2, rank=1, seed=5)
-    t.set_epoch(1)
-    assert list(t) == e1
-    with pytest.raises(TypeError):
-        s.set_epoch(1.5)  # type: ignore[arg-type]
-
-
-def test_distributed_world_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """num_replicas and rank come from WORLD_SIZE / RANK when no group is initialised."""
-    monkeypatch.setitem(sys.modules, "torch.distributed", None)
-    monkeypatch.setenv("WORLD_SIZE", "3")
-    monkeypatch.setenv("RANK", "2")
-    s = DistributedSampler(range(10), shuffle=False)
-    assert (s.num_replicas, s.rank) == (3, 2)
-    assert list(s) == [2, 5, 8, 1]
-    assert DistributedSampler(range(10), rank=0).rank == 0
-
-
-def test_distributed_missing_world_is_runtime_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without group, env vars or arguments, a RuntimeError says what to pass or set."""
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("RANK", raising=False)
-    with pytest.raises(RuntimeError, match="WORLD_SIZE"):
-        DistributedSampler(range(10))
-    with pytest.raises(RuntimeError, match="rank"):
-        DistributedSampler(range(10), num_replicas=2)
-
-
-def test_distributed_world_from_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An initialised torch.distributed group supplies num_replicas and rank first."""
-    fake = types.SimpleNamespace(
-        is_available=lambda: True,
-        is_initialized=lambda: True,
-        get_world_size=lambda: 4,
-        get_rank=lambda: 3,
-    )
-    monkeypatch.setitem(sys.modules, "torch.distributed", fake)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    s = DistributedSampler(range(8), shuffle=False)
-    assert (s.num_replicas, s.rank) == (4, 3)
-    assert list(s) == [3, 7]
-
-
-def test_distributed_real_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real one-process gloo group is detected (world size 1, rank 0)."""
-    pytest.importorskip("torch")
-    dist = pytest.importorskip("torch.distributed")
-    if not dist.is_available() or dist.is_initialized():
-        pytest.skip("torch.distributed unavailable or already initialised")
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("RANK", raising=False)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        s = DistributedSampler(range(5), shuffle=False)
-    finally:
-        dist.destroy_process_group()
-    assert (s.num_replicas, s.rank, list(s)) == (1, 0, [0, 1, 2, 3, 4])
-
-
-@pytest.mark.parametrize(
-    ("num_replicas", "rank", "exc"),
-    [(2, 2, ValueError), (2, -1, ValueError), (0, 0, ValueError), (2, 1.0, TypeError)],
-)
-def test_distributed_invalid_rank(num_replicas: int, rank: object, exc: type) -> None:
-    """rank outside [0, num_replicas) is a ValueError, as torch; non-ints a TypeError."""
-    with pytest.raises(exc):
-        DistributedSampler(range(4), num_replicas=num_replicas, rank=rank)  # type: ignore[arg-type]
-
-
-def test_distributed_invalid_rank_type_matches_torch() -> None:
-    """torch raises ValueError for an out-of-range rank too."""
-    torch = pytest.importorskip("torch")
-    with pytest.raises(ValueError):
-        torch.utils.data.DistributedSampler(range(4), num_replicas=2, rank=2)
-
-
 # ---------------------------------------------------------------- shared properties
 
 
@@ -509,3 +440,152 @@ def test_epoch_indices_consumes_like_iter() -> None:
         assert arr.tolist() == list(twin)
         assert epoch_indices(s).tolist() == list(twin)  # type: ignore[union-attr]
         assert len(arr) == len(s)
+
+
+# ---------------------------------------------------------------- state_dict
+
+
+def _makers() -> dict[str, Any]:
+    """Builders of every stateful sampler from a generator (a different one must not matter)."""
+    return {
+        "random": lambda g: RandomSampler(range(12), generator=g),
+        "random_repl": lambda g: RandomSampler(range(9), True, 20, generator=g),
+        "random_more": lambda g: RandomSampler(range(5), num_samples=13, generator=g),
+        "subset": lambda g: SubsetRandomSampler([3, 1, 4, 15, 9, 2, 6], generator=g),
+        "weighted": lambda g: WeightedRandomSampler([1.0, 2.0, 0.0, 4.0], 10, generator=g),
+        "weighted_norepl": lambda g: WeightedRandomSampler([1, 2, 3, 4, 5], 4, False, g),
+        "batch": lambda g: BatchSampler(RandomSampler(range(11), generator=g), 3, False),
+        "sequential": lambda g: SequentialSampler(range(5)),
+        "batch_sequential": lambda g: BatchSampler(SequentialSampler(range(5)), 2, True),
+    }
+
+
+def _generators() -> list[Any]:
+    """One generator of each kind (torch's only if installed)."""
+    gens: list[Any] = [7, np.random.default_rng(7), None]
+    try:
+        import torch
+    except ImportError:
+        return gens
+    return [*gens, torch.Generator().manual_seed(7)]
+
+
+@pytest.mark.parametrize("name", list(_makers()))
+def test_state_dict_fixes_the_next_epochs(name: str) -> None:
+    """A state taken at any point, loaded into a sampler with another generator, repeats
+    the next two epochs; the state survives a JSON round trip."""
+    make = _makers()[name]
+    for gen in _generators():
+        s = make(gen)
+        for done in range(3):
+            sd = s.state_dict()
+            assert json.loads(json.dumps(sd)) == sd
+            later = [list(s), list(s)]
+            fresh = make(12345)
+            fresh.load_state_dict(json.loads(json.dumps(sd)))
+            if done == 0 and not isinstance(gen, int) and "sequential" not in name:
+                continue  # seed not drawn yet: the loader keeps its own generator (next test)
+            assert [list(fresh), list(fresh)] == later, (name, gen, done)
+            # The state now equals the original's: loading is complete.
+            assert fresh.state_dict() == s.state_dict()
+
+
+def test_state_before_first_draw_keeps_own_generator() -> None:
+    """A state saved before the seed was drawn has seed None: the loader draws its own."""
+    s = RandomSampler(range(40), generator=np.random.default_rng(1))
+    sd = s.state_dict()
+    assert sd == {"kind": "RandomSampler", "seed": None, "epoch": 0}
+    t = RandomSampler(range(40), generator=3)
+    t.load_state_dict(sd)
+    u = RandomSampler(range(40), generator=np.random.default_rng(1))
+    u.load_state_dict(sd)
+    assert list(u) == list(s)
+    assert list(t) == list(RandomSampler(range(40), generator=3))
+    assert t.state_dict()["seed"] == 3
+
+
+def test_state_epoch_edit_skips_ahead_and_rewinds() -> None:
+    """Setting "epoch" in a state makes the next __iter__ give that epoch."""
+    s = WeightedRandomSampler([1.0, 3.0, 2.0], 8, generator=4)
+    epochs = [list(s) for _ in range(6)]
+    sd = s.state_dict()
+    sd["epoch"] = 4
+    s.load_state_dict(sd)
+    assert list(s) == epochs[4]
+    sd["epoch"] = 1
+    s.load_state_dict(sd)
+    assert [list(s), list(s)] == epochs[1:3]
+
+
+def test_epoch_advances_when_iter_is_called() -> None:
+    """iter() (not the first next()) draws the epoch, also through a BatchSampler."""
+    s = SubsetRandomSampler([1, 2, 3], generator=0)
+    it = iter(s)
+    assert s.state_dict()["epoch"] == 1
+    b = BatchSampler(s, 2, drop_last=False)
+    bit = iter(b)
+    assert b.state_dict()["sampler"]["epoch"] == 2
+    _ = b._iter_arrays()
+    assert s.state_dict()["epoch"] == 3
+    assert sorted(it) == [1, 2, 3] and sum(len(x) for x in bit) == 3
+
+
+def test_epoch_indices_advances_like_iter() -> None:
+    """_epoch_indices() stands for one __iter__ and advances the epoch counter."""
+    s = RandomSampler(range(10), generator=2)
+    first = s._epoch_indices()
+    assert s.state_dict()["epoch"] == 1
+    assert first.tolist() == list(RandomSampler(range(10), generator=2))
+
+
+def test_batch_sampler_state_without_stateful_sampler() -> None:
+    """A BatchSampler over a list saves sampler None; mismatched states are refused."""
+    plain = BatchSampler([3, 1, 2], 2, drop_last=False)
+    assert plain.state_dict() == {"kind": "BatchSampler", "sampler": None}
+    plain.load_state_dict({"kind": "BatchSampler", "sampler": None})
+    seeded = BatchSampler(RandomSampler(range(4), generator=0), 2, drop_last=False)
+    with pytest.raises(ValueError, match="no load_state_dict"):
+        plain.load_state_dict(seeded.state_dict())
+    with pytest.raises(ValueError, match="wraps a RandomSampler"):
+        seeded.load_state_dict(plain.state_dict())
+    with pytest.raises(TypeError, match="dict or None"):
+        seeded.load_state_dict({"kind": "BatchSampler", "sampler": 3})
+    with pytest.raises(ValueError, match="kind 'RandomSampler'"):
+        seeded.load_state_dict({"kind": "BatchSampler", "sampler": {"kind": "X"}})
+
+
+_GOOD = {"kind": "RandomSampler", "seed": 1, "epoch": 2}
+
+
+@pytest.mark.parametrize(
+    ("state", "exc", "match"),
+    [
+        ([1, 2], TypeError, "expects the dict"),
+        ({**_GOOD, "kind": "SubsetRandomSampler"}, ValueError, "got kind 'SubsetRandomSampler'"),
+        ({"seed": 1, "epoch": 2}, ValueError, "got kind '<missing>'"),
+        ({"kind": "RandomSampler", "seed": 1}, ValueError, r"lacks \['epoch'\]"),
+        ({**_GOOD, "cursor": 0}, ValueError, r"unexpected keys \['cursor'\]"),
+        ({**_GOOD, "seed": "1"}, TypeError, r"'seed'\] must be an int .* or None, got '1' \(str\)"),
+        ({**_GOOD, "epoch": 2.0}, TypeError, r"'epoch'\] must be an int"),
+        ({**_GOOD, "epoch": True}, TypeError, r"'epoch'\] must be an int"),
+        ({**_GOOD, "epoch": -1}, ValueError, r"in \[0, 18446744073709551616\), got -1"),
+        ({**_GOOD, "seed": 2**64}, ValueError, "'seed'"),
+    ],
+)
+def test_load_state_dict_validates(state: Any, exc: type, match: str) -> None:
+    """Bad states raise TypeError/ValueError saying what was expected and what was found;
+    the sampler is left unchanged."""
+    s = RandomSampler(range(5), generator=0)
+    with pytest.raises(exc, match=match) as info:
+        s.load_state_dict(state)
+    assert "state_dict" in str(info.value)
+    assert s.state_dict() == {"kind": "RandomSampler", "seed": 0, "epoch": 0}
+
+
+def test_sequential_state_is_kind_only() -> None:
+    """SequentialSampler's state is its kind; other kinds are refused."""
+    s = SequentialSampler(range(3))
+    assert s.state_dict() == {"kind": "SequentialSampler"}
+    s.load_state_dict({"kind": "SequentialSampler"})
+    with pytest.raises(ValueError, match="kind"):
+        s.load_state_dict(RandomSampler(range(3), generator=0).state_dict())

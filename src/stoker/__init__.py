@@ -18,10 +18,10 @@ from stoker._dataset import (
     TensorDataset,
     random_split,
 )
+from stoker._distributed import DistributedSampler, ShardedIterable
 from stoker._loader import DataLoader
 from stoker._sampler import (
     BatchSampler,
-    DistributedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
@@ -43,6 +43,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "ShardedIterable",
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",

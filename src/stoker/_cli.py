@@ -17,7 +17,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--samples", type=int, default=200_000, help="samples in the dataset")
     demo.add_argument("--batch-size", type=int, default=256)
     demo.add_argument("--epochs", type=int, default=3)
+    from stoker.formats._cli import COMMANDS as FORMAT_COMMANDS
+    from stoker.formats._cli import add_subcommands, run
+
+    add_subcommands(sub)
     args = parser.parse_args(argv)
+    if args.command in FORMAT_COMMANDS:
+        return run(args)
     if args.command == "demo":
         from stoker._demo import run_demo
 

@@ -1,27 +1,52 @@
 """Samplers: the order in which a map-style dataset is read, as in ``torch.utils.data``.
 
-Every stoker sampler draws its randomness with NumPy from a seed (see ``stoker._random``)
-and computes a whole epoch at once in ``_epoch_indices()`` (an int64 array); ``__iter__``
-is built on it, and the loader's fast path (``epoch_indices`` / ``batch_arrays`` below)
-slices that array into batches without creating a Python int per index.
+Every stoker sampler computes a whole epoch at once in ``_epoch_indices()`` (an int64
+array); ``__iter__`` is built on it, and the loader's fast path (``epoch_indices`` /
+``batch_arrays`` below) slices that array into batches without creating a Python int per
+index.
 
-``generator`` (for the random samplers) may be:
+**Seeds by construction.** A random sampler (``RandomSampler``, ``SubsetRandomSampler``,
+``WeightedRandomSampler``) has a *base seed* and an *epoch counter*; epoch ``e`` is drawn
+from ``rng(base_seed, e)`` (``stoker._random``) and from nothing else. The epoch counter
+starts at 0 and advances by one at each ``__iter__`` (the epoch is drawn when ``iter()`` is
+called, not at the first ``next()``). The base seed comes from ``generator``:
 
-- None: each epoch (each ``__iter__``) draws a seed from torch's global RNG if torch is
-  imported, else NumPy's (so ``torch.manual_seed`` / ``np.random.seed`` repeat a run);
-- a ``numpy.random.Generator`` or ``torch.Generator``: each epoch draws its seed from it,
-  advancing it as torch's samplers do;
-- an int seed: epoch ``e`` of the sampler uses ``rng(seed, e)``, where ``e`` counts the
-  sampler's ``__iter__`` calls, so epochs differ and runs repeat.
+- an int: it is the base seed;
+- a ``numpy.random.Generator`` or ``torch.Generator``: one seed is drawn from it at the
+  first ``__iter__``, and never again;
+- None: one seed is drawn at the first ``__iter__`` from torch's global RNG if torch is
+  imported, else NumPy's, so ``torch.manual_seed(0)`` / ``np.random.seed(0)`` before
+  iterating repeat a run.
+
+This differs from torch, whose samplers draw from the generator at every epoch: a
+generator passed to stoker is advanced once, not once per epoch, and epoch ``e``'s order
+does not depend on what else used that generator meanwhile.
+
+**state_dict / load_state_dict.** Every stoker sampler, ``BatchSampler`` and
+``DistributedSampler`` (in ``stoker._distributed``) has ``state_dict()``: a small
+JSON-serialisable dict that fixes what the *next* ``__iter__`` yields. For a random
+sampler it is ``{"kind": <class name>, "seed": <base seed, or None if not drawn yet>,
+"epoch": <epoch counter>}``; ``load_state_dict`` checks it and restores it, whatever
+generator the loading sampler was built with (with ``"seed": None`` the loading sampler
+draws its base seed from its own generator, as a fresh one would). To skip ahead or rewind,
+edit ``"epoch"`` before loading: ``sd["epoch"] = 7`` makes the next ``__iter__`` give
+epoch 7.
+
+>>> s = RandomSampler(range(6), generator=np.random.default_rng(0))
+>>> _ = list(s)
+>>> sd = s.state_dict()
+>>> sd["epoch"]
+1
+>>> t = RandomSampler(range(6), generator=123)
+>>> t.load_state_dict(sd)
+>>> list(t) == list(s)
+True
 """
 
 from __future__ import annotations
 
 import itertools
-import operator
-import os
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -84,6 +109,70 @@ def _is_int(x: object) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
+def check_state(state_dict: object, owner: object, keys: tuple[str, ...]) -> Mapping[str, Any]:
+    """``state_dict`` if it is a state of ``owner``'s kind with exactly ``keys`` (and "kind").
+
+    Raises:
+        TypeError: ``state_dict`` is not a dict.
+        ValueError: its ``"kind"`` is not ``owner``'s class name, or keys are missing or extra.
+    """
+    kind = type(owner).__name__
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"{kind}.load_state_dict expects the dict that {kind}.state_dict() returned, got "
+            f"{type(state_dict).__name__}."
+        )
+    found = state_dict.get("kind", "<missing>")
+    if found != kind:
+        raise ValueError(
+            f"{kind}.load_state_dict needs a state with kind {kind!r}, got kind {found!r}; "
+            f"load a state saved by a {kind}, or load this one into a {found}."
+        )
+    expected = {"kind", *keys}
+    missing = sorted(expected - state_dict.keys())
+    extra = sorted(str(k) for k in state_dict.keys() - expected)
+    if missing or extra:
+        what = f"lacks {missing}" if missing else f"has unexpected keys {extra}"
+        raise ValueError(
+            f"{kind} state_dict {what}; expected exactly the keys {sorted(expected)}; pass "
+            f"the dict {kind}.state_dict() returned (only its 'epoch' is meant to be edited)."
+        )
+    return state_dict
+
+
+def state_int(
+    owner: object, state: Mapping[str, Any], key: str, *, bound: int | None, optional: bool = False
+) -> int:
+    """``state[key]`` as an int in ``[0, bound)``, or any int if ``bound`` is None.
+
+    Args:
+        owner: the object loading the state (its class name goes into messages).
+        state: the state dict.
+        key: the key to read.
+        bound: the exclusive upper bound (the lower is 0), or None for any int.
+        optional: the caller accepts None too (it only changes the message).
+
+    Raises:
+        TypeError: the value is not an int.
+        ValueError: the value is out of range.
+    """
+    value = state[key]
+    rule = "an int" if bound is None else f"an int in [0, {bound})"
+    rule += " or None" if optional else ""
+    kind = type(owner).__name__
+    if not _is_int(value):
+        raise TypeError(
+            f"{kind} state_dict[{key!r}] must be {rule}, got {value!r} "
+            f"({type(value).__name__}); use the value {kind}.state_dict() saved."
+        )
+    if bound is not None and not 0 <= value < bound:
+        raise ValueError(
+            f"{kind} state_dict[{key!r}] must be {rule}, got {value}; "
+            f"use the value {kind}.state_dict() saved."
+        )
+    return int(value)
+
+
 def _to_numpy(x: object, dtype: Any = None) -> np.ndarray[Any, Any]:
     """``x`` as a NumPy array, detaching and moving torch tensors to the CPU first."""
     if _torch.is_tensor(x):
@@ -116,19 +205,56 @@ class Sampler(Generic[T_co]):
 
 
 class _SeededSampler(Sampler[int]):
-    """A sampler whose epochs are drawn from a ``generator`` (see the module docstring)."""
+    """A sampler whose epoch ``e`` is drawn from ``rng(base_seed, e)`` (module docstring)."""
 
-    generator: GeneratorLike
-    _epoch: int
+    _generator: GeneratorLike
+    _seed: int | None
+    _epoch: int = 0
+
+    @property
+    def generator(self) -> GeneratorLike:
+        """Where the base seed comes from; assigning one discards a base seed already drawn."""
+        return self._generator
+
+    @generator.setter
+    def generator(self, value: GeneratorLike) -> None:
+        check_generator(value)
+        self._generator = value
+        self._seed = int(value) % _U64 if _is_int(value) else None
 
     def _next_rng(self) -> np.random.Generator:
-        """The NumPy generator for the next epoch, advancing the epoch or the generator."""
-        gen = self.generator
-        if _is_int(gen):
-            epoch = getattr(self, "_epoch", 0)
-            self._epoch = epoch + 1
-            return rng(int(gen) % _U64, epoch)
-        return rng(draw_seed(gen))
+        """The NumPy generator of the next epoch; advances the epoch counter."""
+        if self._seed is None:
+            self._seed = draw_seed(self._generator) % _U64
+        epoch = self._epoch
+        self._epoch = epoch + 1
+        return rng(self._seed, epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the next ``__iter__`` yields: ``{"kind", "seed", "epoch"}`` (module docstring).
+
+        >>> RandomSampler(range(3), generator=5).state_dict()
+        {'kind': 'RandomSampler', 'seed': 5, 'epoch': 0}
+        """
+        return {"kind": type(self).__name__, "seed": self._seed, "epoch": self._epoch}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``, so the next ``__iter__`` gives the epoch it names.
+
+        Args:
+            state_dict: a dict from ``state_dict()`` of the same class, possibly with
+                ``"epoch"`` edited to skip ahead or rewind.
+
+        Raises:
+            TypeError: it is not a dict, or ``seed`` / ``epoch`` are not ints.
+            ValueError: its kind or keys differ, or ``seed`` / ``epoch`` are out of range.
+        """
+        state = check_state(state_dict, self, ("seed", "epoch"))
+        seed = state["seed"]
+        if seed is not None:
+            seed = state_int(self, state, "seed", bound=_U64, optional=True)
+        self._epoch = state_int(self, state, "epoch", bound=_U64)
+        self._seed = seed
 
 
 class SequentialSampler(Sampler[int]):
@@ -156,6 +282,19 @@ class SequentialSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.data_source)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind": "SequentialSampler"}``: every epoch is the same, so nothing to save."""
+        return {"kind": type(self).__name__}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Check a ``state_dict()`` (there is nothing to restore).
+
+        Raises:
+            TypeError: it is not a dict.
+            ValueError: its kind or keys differ.
+        """
+        check_state(state_dict, self, ())
 
 
 class RandomSampler(_SeededSampler):
@@ -200,15 +339,14 @@ class RandomSampler(_SeededSampler):
         self._num_samples = (
             int(num_samples) if num_samples is not None and _is_int(num_samples) else num_samples
         )
-        self.generator = generator
-        self._epoch = 0
         n = self.num_samples
         if not _is_int(n) or n <= 0:
             raise ValueError(
                 f"num_samples must be a positive integer, got {n!r}; pass num_samples >= 1 "
                 "or a non-empty data_source."
             )
-        check_generator(generator)
+        self.generator = generator
+        self._epoch = 0
 
     @property
     def num_samples(self) -> int:
@@ -259,7 +397,6 @@ class SubsetRandomSampler(_SeededSampler):
         self.indices = indices
         self.generator = generator
         self._epoch = 0
-        check_generator(generator)
 
     @property
     def indices(self) -> Sequence[int] | npt.ArrayLike:
@@ -333,11 +470,10 @@ class WeightedRandomSampler(_SeededSampler):
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}.")
         if not isinstance(replacement, bool):
             raise ValueError(f"replacement must be a bool, got {replacement!r}.")
-        check_generator(generator)
-        self.num_samples = int(num_samples)
-        self.replacement = replacement
         self.generator = generator
         self._epoch = 0
+        self.num_samples = int(num_samples)
+        self.replacement = replacement
         self.weights = weights
 
     @property
@@ -447,154 +583,85 @@ class BatchSampler(Sampler[list[int]]):
             yield batch
 
     def _iter_arrays(self) -> Iterator[IndexArray]:
-        """The epoch's batches as int64 arrays (slices of one array when possible)."""
+        """The epoch's batches as int64 arrays (slices of one array when possible).
+
+        Like ``__iter__``, it draws the epoch from the wrapped sampler when called.
+        """
         indices = epoch_indices(self.sampler)
         if indices is None:
-            for batch in self._iter_lists(iter(self.sampler)):
-                yield np.asarray(batch, dtype=np.int64)
-            return
+            lists = self._iter_lists(iter(self.sampler))
+            return (np.asarray(batch, dtype=np.int64) for batch in lists)
         bs = self.batch_size
-        for start in range(0, self._stop(len(indices)), bs):
-            yield indices[start : start + bs]
+        return (indices[start : start + bs] for start in range(0, self._stop(len(indices)), bs))
 
     def __iter__(self) -> Iterator[list[int]]:
+        # Not a generator function: the epoch is drawn from the sampler when iter() is
+        # called, so a state_dict() taken after iter() already names the next epoch.
         indices = epoch_indices(self.sampler)
         if indices is None:
-            yield from self._iter_lists(iter(self.sampler))
-            return
+            return self._iter_lists(iter(self.sampler))
         flat = indices.tolist()
         bs = self.batch_size
-        for start in range(0, self._stop(len(flat)), bs):
-            yield flat[start : start + bs]
+        return (flat[start : start + bs] for start in range(0, self._stop(len(flat)), bs))
 
     def __len__(self) -> int:
         n, bs = len(self.sampler), self.batch_size  # type: ignore[arg-type]
         return n // bs if self.drop_last else -(-n // bs)
 
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind": "BatchSampler", "sampler": <the sampler's state_dict(), or None>}``.
 
-def _env_int(name: str) -> int | None:
-    """The integer value of environment variable ``name``, or None if it is unset."""
-    raw = os.environ.get(name)
-    try:
-        return None if raw is None or not raw.strip() else int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}.") from None
+        The sampler's state is None when it has no ``state_dict`` (a list, a torch sampler);
+        the next ``__iter__`` then depends on that sampler alone.
 
+        >>> BatchSampler(RandomSampler(range(4), generator=1), 2, False).state_dict()["sampler"]
+        {'kind': 'RandomSampler', 'seed': 1, 'epoch': 0}
+        """
+        save = getattr(self.sampler, "state_dict", None)
+        return {"kind": type(self).__name__, "sampler": save() if callable(save) else None}
 
-def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """Fill in ``num_replicas`` / ``rank``: from torch's process group, else the env."""
-    if num_replicas is None or rank is None:
-        # Only a process that imported torch.distributed can have initialised a group.
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            if num_replicas is None:
-                num_replicas = int(dist.get_world_size())
-            if rank is None:
-                rank = int(dist.get_rank())
-    if num_replicas is None:
-        num_replicas = _env_int("WORLD_SIZE")
-    if rank is None:
-        rank = _env_int("RANK")
-    if num_replicas is None or rank is None:
-        raise RuntimeError(
-            "DistributedSampler needs num_replicas and rank: no initialised torch.distributed "
-            "process group and WORLD_SIZE / RANK are not set; pass num_replicas and rank, "
-            "or set the WORLD_SIZE and RANK environment variables (torchrun does)."
-        )
-    return num_replicas, rank
-
-
-class DistributedSampler(Sampler[int]):
-    """Gives each of ``num_replicas`` processes its own share of a dataset's indices.
-
-    Each epoch all ranks compute the same order (a permutation from ``rng(seed, epoch)``
-    when shuffling, else ``0..n-1``), pad it by repeating it from the start (or, with
-    ``drop_last``, cut its tail) to a multiple of ``num_replicas``, and rank ``r`` takes
-    every ``num_replicas``-th index from position ``r``, as torch does. Call
-    ``set_epoch(epoch)`` before each epoch so that shuffled orders differ.
-
-    Args:
-        dataset: anything with ``__len__``.
-        num_replicas: number of processes; default from an initialised torch process
-            group, else the ``WORLD_SIZE`` environment variable.
-        rank: this process's rank; default from the process group, else ``RANK``.
-        shuffle: shuffle the indices each epoch.
-        seed: the shuffling seed; must be the same on every rank.
-        drop_last: cut the tail instead of padding, so no index is seen twice.
-
-    Raises:
-        RuntimeError: ``num_replicas`` or ``rank`` is None and cannot be found.
-        TypeError: ``num_replicas``, ``rank`` or ``seed`` is not an integer.
-        ValueError: ``num_replicas`` < 1, or ``rank`` outside ``[0, num_replicas)``.
-
-    >>> [list(DistributedSampler(range(5), 2, r, shuffle=False)) for r in (0, 1)]
-    [[0, 2, 4], [1, 3, 0]]
-    >>> s = DistributedSampler(range(5), num_replicas=2, rank=0, seed=1, drop_last=True)
-    >>> len(s), len(list(s))
-    (2, 2)
-    """
-
-    def __init__(
-        self,
-        dataset: Sized,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-    ) -> None:
-        num_replicas, rank = _world(num_replicas, rank)
-        for name, value in (("num_replicas", num_replicas), ("rank", rank), ("seed", seed)):
-            if not _is_int(value):
-                raise TypeError(f"{name} must be an integer, got {value!r}.")
-        if num_replicas < 1:
-            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}.")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(
-                f"rank must be in [0, {num_replicas - 1}] for num_replicas={num_replicas}, "
-                f"got {rank}."
-            )
-        self.dataset = dataset
-        self.num_replicas = int(num_replicas)
-        self.rank = int(rank)
-        self.epoch = 0
-        self.drop_last = drop_last
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        n, r = len(dataset), self.num_replicas
-        self.num_samples = n // r if drop_last else -(-n // r)
-        self.total_size = self.num_samples * self.num_replicas
-
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch whose order the next ``__iter__`` gives (same on every rank).
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``: loads the sampler's part into the wrapped sampler.
 
         Args:
-            epoch: the epoch number, an integer.
+            state_dict: a dict from ``BatchSampler.state_dict()``; edit its
+                ``["sampler"]["epoch"]`` to skip ahead or rewind.
 
         Raises:
-            TypeError: ``epoch`` is not an integer.
+            TypeError: it is not a dict, or its sampler part is not a dict or None.
+            ValueError: its kind or keys differ, or it has a sampler state exactly when
+                the wrapped sampler cannot take one (and the sampler's own checks).
         """
-        if not _is_int(epoch):
-            raise TypeError(f"epoch must be an integer, got {epoch!r}.")
-        self.epoch = int(epoch)
+        state = check_state(state_dict, self, ("sampler",))
+        inner = state["sampler"]
+        name = type(self.sampler).__name__
+        load = getattr(self.sampler, "load_state_dict", None)
+        if inner is None:
+            if callable(load):
+                raise ValueError(
+                    f"BatchSampler state_dict['sampler'] is None (saved over a sampler without "
+                    f"state), but this BatchSampler wraps a {name}, whose state it must hold; "
+                    "load the state of a BatchSampler over the same kind of sampler."
+                )
+            return
+        if not isinstance(inner, Mapping):
+            raise TypeError(
+                f"BatchSampler state_dict['sampler'] must be a dict or None, got "
+                f"{type(inner).__name__}; use the value BatchSampler.state_dict() saved."
+            )
+        if not callable(load):
+            raise ValueError(
+                f"BatchSampler state_dict holds a {inner.get('kind')!r} sampler state, but this "
+                f"BatchSampler wraps a {name}, which has no load_state_dict; wrap the kind of "
+                "sampler that saved it."
+            )
+        load(inner)
 
-    def _epoch_indices(self) -> IndexArray:
-        """This rank's indices for the current epoch, as an int64 array."""
-        n = len(self.dataset)
-        if self.shuffle:
-            order = rng(self.seed % _U64, operator.index(self.epoch) % _U64).permutation(n)
-        else:
-            order = np.arange(n, dtype=np.int64)
-        total = self.total_size
-        if n >= total:
-            order = order[:total]
-        elif n > 0:
-            order = np.resize(order, total)  # repeats the order from its start
-        return order[self.rank : total : self.num_replicas].astype(np.int64, copy=False)
 
-    @_fast_iter
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._epoch_indices().tolist())
+def __getattr__(name: str) -> Any:
+    """``DistributedSampler``, which now lives in ``stoker._distributed`` (lazy: no cycle)."""
+    if name == "DistributedSampler":
+        from stoker._distributed import DistributedSampler
 
-    def __len__(self) -> int:
-        return self.num_samples
+        return DistributedSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
