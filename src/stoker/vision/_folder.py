@@ -1,0 +1,315 @@
+"""DatasetFolder and ImageFolder: a ``root/<class>/<file>`` tree as (sample, class_index) pairs.
+
+Arguments, attributes and the order of samples are torchvision's. The file list lives in
+:class:`~stoker.vision._lists.SampleList` (NumPy arrays, no per-file Python objects) so
+that workers share it without copying. An ImageFolder whose transform is a ``Compose``
+that starts with a crop/resize, flips, ``ToTensor`` and ``Normalize`` decodes JPEG files
+through the fused fast path (:mod:`stoker.vision._fused`); anything else runs the plain
+``loader`` + ``transform``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from stoker.vision import _fused
+from stoker.vision._decode import default_loader, pil_loader
+from stoker.vision._lists import SampleList
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+_LAYOUT = "root/<class_name>/<file>, e.g. root/cat/001.jpg"
+
+
+def has_file_allowed_extension(filename: str, extensions: str | tuple[str, ...]) -> bool:
+    """Whether ``filename`` ends with one of ``extensions`` (case-insensitive).
+
+    >>> has_file_allowed_extension("a/B.JPG", (".jpg", ".png"))
+    True
+    """
+    exts = extensions if isinstance(extensions, str) else tuple(extensions)
+    return filename.lower().endswith(exts)
+
+
+def is_image_file(filename: str) -> bool:
+    """Whether ``filename`` has one of :data:`IMG_EXTENSIONS`."""
+    return has_file_allowed_extension(filename, IMG_EXTENSIONS)
+
+
+def _check_root(directory: str | os.PathLike[str]) -> str:
+    path = os.path.expanduser(os.fspath(directory))
+    if not os.path.isdir(path):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise FileNotFoundError(
+            f"dataset root {path!r} {what}: pass the folder that holds one subfolder per "
+            f"class ({_LAYOUT})."
+        )
+    return path
+
+
+def find_classes(directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
+    """The class folders of ``directory``, sorted, and their indices.
+
+    Raises:
+        FileNotFoundError: when ``directory`` is missing or holds no subfolder.
+    """
+    path = _check_root(directory)
+    classes = sorted(entry.name for entry in os.scandir(path) if entry.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"Couldn't find any class folder in {path!r}: expected {_LAYOUT}.")
+    return classes, {name: i for i, name in enumerate(classes)}
+
+
+def make_dataset(
+    directory: str | os.PathLike[str],
+    class_to_idx: dict[str, int] | None = None,
+    extensions: str | tuple[str, ...] | None = None,
+    is_valid_file: Callable[[str], bool] | None = None,
+    allow_empty: bool = False,
+) -> list[tuple[str, int]]:
+    """The ``(path, class_index)`` pairs under ``directory``, in torchvision's order.
+
+    Classes in sorted name order; within a class, ``os.walk`` order (following links) with
+    directories and file names sorted.
+
+    Raises:
+        ValueError: when ``class_to_idx`` is empty, or both or neither of ``extensions``
+            and ``is_valid_file`` are given.
+        FileNotFoundError: when a class has no valid file and ``allow_empty`` is False.
+    """
+    path = _check_root(directory)
+    if class_to_idx is None:
+        _, class_to_idx = find_classes(path)
+    elif not class_to_idx:
+        raise ValueError("'class_to_index' must have at least one entry to collect any samples.")
+    if (extensions is None) == (is_valid_file is None):
+        raise ValueError(
+            "Both extensions and is_valid_file cannot be None or not None at the same time: "
+            "pass exactly one of them."
+        )
+    if extensions is not None:
+        exts = extensions
+
+        def is_valid_file(x: str) -> bool:
+            return has_file_allowed_extension(x, exts)
+
+    assert is_valid_file is not None
+    instances: list[tuple[str, int]] = []
+    available: set[str] = set()
+    for target_class in sorted(class_to_idx):
+        class_index = class_to_idx[target_class]
+        target_dir = os.path.join(path, target_class)
+        if not os.path.isdir(target_dir):
+            continue
+        for root, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
+            for fname in sorted(fnames):
+                file_path = os.path.join(root, fname)
+                if is_valid_file(file_path):
+                    instances.append((file_path, class_index))
+                    available.add(target_class)
+    empty = set(class_to_idx) - available
+    if empty and not allow_empty:
+        msg = f"Found no valid file for the classes {', '.join(sorted(empty))} in {path!r}. "
+        if extensions is not None:
+            shown = extensions if isinstance(extensions, str) else ", ".join(extensions)
+            msg += f"Supported extensions are: {shown}. "
+        msg += "Add files, remove the empty folders, or pass allow_empty=True."
+        raise FileNotFoundError(msg)
+    return instances
+
+
+class DatasetFolder:
+    """A generic ``root/<class>/<file>`` dataset: sample ``i`` is ``(loader(path), class_index)``.
+
+    Args:
+        root: the folder holding one subfolder per class.
+        loader: reads a sample from its path.
+        extensions: the file endings to keep; excludes ``is_valid_file``.
+        transform: applied to each loaded sample.
+        target_transform: applied to each class index.
+        is_valid_file: decides which files to keep; excludes ``extensions``.
+        allow_empty: accept class folders with no valid file.
+
+    Attributes:
+        classes: the class names, sorted.
+        class_to_idx: class name to index.
+        samples: the ``(path, class_index)`` pairs (a list-like backed by NumPy arrays).
+        targets: the class index of every sample (a list-like of ints).
+
+    Raises:
+        FileNotFoundError: for a missing root, no class folder, or an empty class folder.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        loader: Callable[[str], Any],
+        extensions: tuple[str, ...] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+    ) -> None:
+        self.root = os.fspath(root)
+        self.transform = transform
+        self.target_transform = target_transform
+        classes, class_to_idx = self.find_classes(self.root)
+        pairs = self.make_dataset(
+            self.root,
+            class_to_idx=class_to_idx,
+            extensions=extensions,
+            is_valid_file=is_valid_file,
+            allow_empty=allow_empty,
+        )
+        self.loader = loader
+        self.extensions = extensions
+        self.classes = classes
+        self.class_to_idx = class_to_idx
+        self.samples: Sequence[tuple[str, int]] = (
+            pairs if isinstance(pairs, SampleList) else SampleList.from_pairs(pairs)
+        )
+        self.targets: Sequence[int] = (
+            self.samples.targets()
+            if isinstance(self.samples, SampleList)
+            else [s[1] for s in self.samples]
+        )
+        self._plan_for: object = None
+        self._plan: _fused.FusedPlan | None = None
+
+    @staticmethod
+    def make_dataset(
+        directory: str | os.PathLike[str],
+        class_to_idx: dict[str, int],
+        extensions: str | tuple[str, ...] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+    ) -> list[tuple[str, int]]:
+        """The ``(path, class_index)`` pairs; override to change how files are found."""
+        if class_to_idx is None:
+            raise ValueError("The class_to_idx parameter cannot be None.")
+        return make_dataset(
+            directory,
+            class_to_idx,
+            extensions=extensions,
+            is_valid_file=is_valid_file,
+            allow_empty=allow_empty,
+        )
+
+    def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
+        """The class names and indices; override for another layout."""
+        return find_classes(directory)
+
+    def _fast_plan(self) -> _fused.FusedPlan | None:
+        """The fused plan for the current transform and loader, cached per transform object."""
+        transform = self.transform
+        if transform is not self._plan_for:
+            self._plan_for = transform
+            uses_pil = self.loader is default_loader or self.loader is pil_loader
+            self._plan = _fused.plan(transform) if uses_pil else None
+        return self._plan
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        path, target = self.samples[index]
+        sample: Any = None
+        fast = self._fast_plan()
+        if fast is not None:
+            with open(path, "rb") as f:
+                data = f.read()
+            sample = _fused.run(fast, path, data)
+        if sample is None:
+            sample = self.loader(path)
+            if self.transform is not None:
+                sample = self.transform(sample)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return sample, target
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+        """The samples at ``indices``, as ``[self[i] for i in indices]`` gives them.
+
+        On the fast path the random draws happen first, in order, and the decodes then run
+        in parallel threads (see :mod:`stoker.vision._fused`); otherwise one by one.
+        """
+        fast = self._fast_plan()
+        if fast is None:
+            return [self[i] for i in indices]
+        items: list[Any] = []
+        jobs: list[_fused.Job] = []
+        targets: list[Any] = []
+        for index in indices:
+            path, target = self.samples[index]
+            with open(path, "rb") as f:
+                data = f.read()
+            job = _fused.prepare(fast, path, data)
+            if job is None:  # not a JPEG the fast path takes: the plain path, in order
+                sample = self.loader(path)
+                items.append(sample if self.transform is None else self.transform(sample))
+            else:
+                items.append(len(jobs))
+                jobs.append(job)
+            targets.append(target)
+        images = _fused.run_batch(fast, jobs)
+        out = []
+        for item, target in zip(items, targets, strict=True):
+            sample = _fused.finish(fast, images[item]) if isinstance(item, int) else item
+            if self.target_transform is not None:
+                target = self.target_transform(target)
+            out.append((sample, target))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plan_for"] = None  # rebuilt on first use: keeps pickles independent of plans
+        state["_plan"] = None
+        return state
+
+    def __repr__(self) -> str:
+        lines = [
+            f"Dataset {type(self).__name__}",
+            f"    Number of datapoints: {len(self)}",
+            f"    Root location: {self.root}",
+        ]
+        if self.transform is not None:
+            lines.append("    " + repr(self.transform).replace("\n", "\n    "))
+        return "\n".join(lines)
+
+
+class ImageFolder(DatasetFolder):
+    """Images in ``root/<class>/<file>`` (extensions :data:`IMG_EXTENSIONS`), loaded as RGB.
+
+    Args:
+        root: the folder holding one subfolder per class.
+        transform: applied to each PIL image; a ``Compose`` starting with the fast-path
+            transforms decodes JPEGs through the fused path.
+        target_transform: applied to each class index.
+        loader: reads an image from its path (default: RGB through Pillow).
+        is_valid_file: decides which files to keep (then any extension counts).
+        allow_empty: accept class folders with no valid file.
+
+    Attributes:
+        imgs: the same as ``samples``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        loader: Callable[[str], Any] = default_loader,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
+    ) -> None:
+        super().__init__(
+            root,
+            loader,
+            IMG_EXTENSIONS if is_valid_file is None else None,
+            transform=transform,
+            target_transform=target_transform,
+            is_valid_file=is_valid_file,
+            allow_empty=allow_empty,
+        )
+        self.imgs = self.samples
