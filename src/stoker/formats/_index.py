@@ -1,0 +1,267 @@
+"""Tar shards in WebDataset layout: the per-shard index, and reading members safely.
+
+A shard is a plain tar whose members ``KEY.FIELD`` are grouped by key (consecutive members
+with the same key form one sample). Beside each shard ``NAME.tar`` lies ``NAME.tar.index.json``:
+
+.. code-block:: json
+
+    {"format": "stoker-tar-index", "version": 1, "shard_bytes": 1234, "kind": "tuple",
+     "spec": ["jpg;png", "cls"], "codecs": {"jpg": "bytes", "cls": "int"}, "extra": {},
+     "keys": ["000000", ...], "fields": ["jpg", "cls"],
+     "starts": [0, 2, ...], "field": [0, 1, ...], "offset": [512, ...], "size": [...],
+     "crc32": [...]}
+
+``starts[i]:starts[i+1]`` are sample ``i``'s members; per member the index of its field
+name, the byte offset of its data in the shard, its size and its CRC-32. The index is
+JSON (never a pickle); a missing or stale one (``shard_bytes`` differs) is rebuilt by
+scanning the shard. Every member name is checked: absolute paths, ``..`` and links are
+rejected, and a truncated shard raises an error naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+
+from stoker.formats import _remote
+from stoker.formats._codec import CorruptRecordError, split_name
+
+INDEX_SUFFIX = ".index.json"
+FORMAT = "stoker-tar-index"
+VERSION = 1
+
+
+class TruncatedShardError(CorruptRecordError):
+    """A shard ends before a member's data does; the message names the file and the key."""
+
+
+@dataclass
+class ShardIndex:
+    """Where every member of one shard lies. Arrays, so forked workers share them untouched.
+
+    Attributes:
+        url: the shard.
+        shard_bytes: the shard's size when indexed.
+        keys: sample keys (byte strings).
+        fields: the distinct field names; ``field`` holds indices into it.
+        starts: per sample, the first member (length: samples + 1).
+        field, offset, size, crc32: per member.
+        meta: ``kind``, ``spec``, ``codecs`` and ``extra`` as the writer stored them (empty
+            for an index rebuilt from a shard made elsewhere).
+    """
+
+    url: str
+    shard_bytes: int
+    keys: np.ndarray[Any, Any]
+    fields: list[str]
+    starts: np.ndarray[Any, Any]
+    field: np.ndarray[Any, Any]
+    offset: np.ndarray[Any, Any]
+    size: np.ndarray[Any, Any]
+    crc32: np.ndarray[Any, Any]
+    meta: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def sample_fields(self, i: int) -> list[str]:
+        """The field names of sample ``i``, in shard order."""
+        lo, hi = int(self.starts[i]), int(self.starts[i + 1])
+        return [self.fields[int(f)] for f in self.field[lo:hi]]
+
+    def to_json(self) -> bytes:
+        """The index file's content."""
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "shard_bytes": self.shard_bytes,
+            **self.meta,
+            "keys": [k.decode() for k in self.keys.tolist()],
+            "fields": self.fields,
+            "starts": self.starts.tolist(),
+            "field": self.field.tolist(),
+            "offset": self.offset.tolist(),
+            "size": self.size.tolist(),
+            "crc32": self.crc32.tolist(),
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, url: str, data: bytes) -> ShardIndex:
+        """Parse an index file of ``url``.
+
+        Raises:
+            ValueError: when it is not a stoker tar index.
+        """
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"{url + INDEX_SUFFIX!r} is not a stoker tar index.")
+        meta = {k: doc[k] for k in ("kind", "spec", "codecs", "extra") if k in doc}
+        return cls(
+            url=url,
+            shard_bytes=int(doc["shard_bytes"]),
+            keys=np.array([k.encode() for k in doc["keys"]], dtype=bytes).reshape(-1),
+            fields=list(doc["fields"]),
+            starts=np.asarray(doc["starts"], dtype=np.int64),
+            field=np.asarray(doc["field"], dtype=np.int32),
+            offset=np.asarray(doc["offset"], dtype=np.int64),
+            size=np.asarray(doc["size"], dtype=np.int64),
+            crc32=np.asarray(doc["crc32"], dtype=np.uint32),
+            meta=meta,
+        )
+
+
+class IndexBuilder:
+    """Collects members (key, field, offset, size, crc) in shard order into a ShardIndex."""
+
+    def __init__(self, url: str, meta: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self.meta = meta or {}
+        self.keys: list[bytes] = []
+        self.fields: dict[str, int] = {}
+        self.starts: list[int] = []
+        self.members: list[tuple[int, int, int, int]] = []
+        self._seen: set[str] = set()
+
+    def add(self, key: str, field: str, offset: int, size: int, crc: int) -> None:
+        """Record one member; a new key (or a repeated field) starts a new sample."""
+        if not self.keys or self.keys[-1] != key.encode() or field in self._seen:
+            self.keys.append(key.encode())
+            self.starts.append(len(self.members))
+            self._seen = set()
+        self._seen.add(field)
+        fid = self.fields.setdefault(field, len(self.fields))
+        self.members.append((fid, offset, size, crc))
+
+    def build(self, shard_bytes: int) -> ShardIndex:
+        """The finished index of a shard of ``shard_bytes`` bytes."""
+        cols = np.asarray(self.members, dtype=np.int64).reshape(-1, 4)
+        return ShardIndex(
+            url=self.url,
+            shard_bytes=shard_bytes,
+            keys=np.array(self.keys, dtype=bytes).reshape(-1) if self.keys else np.zeros(0, "S1"),
+            fields=list(self.fields),
+            starts=np.asarray([*self.starts, len(self.members)], dtype=np.int64),
+            field=cols[:, 0].astype(np.int32),
+            offset=cols[:, 1].copy(),
+            size=cols[:, 2].copy(),
+            crc32=cols[:, 3].astype(np.uint32),
+            meta=self.meta,
+        )
+
+
+def check_member(member: tarfile.TarInfo, where: str) -> tuple[str, str] | None:
+    """The (key, field) of a regular-file member; None for a directory; else an error.
+
+    Raises:
+        ValueError: for absolute names, ``..``, links, devices and badly named members.
+    """
+    if member.isdir():
+        split_name(member.name.rstrip("/") + "/x.x", where)  # same path checks
+        return None
+    key, field = split_name(member.name, where)
+    if not member.isfile():
+        raise ValueError(
+            f"{where}: member {member.name!r} is a link or special file; shards hold only "
+            "regular files. The archive may be malicious: do not extract it."
+        )
+    return key, field
+
+
+def iter_members(f: IO[bytes], where: str) -> Iterator[tuple[str, str, int, bytes]]:
+    """``(key, field, data_offset, data)`` of each file member of a tar read as a stream.
+
+    Raises:
+        TruncatedShardError: when the shard ends inside a member (names file and key).
+        ValueError: for unsafe member names (see :func:`check_member`).
+    """
+    last = "(before the first member)"
+    try:
+        with tarfile.open(fileobj=f, mode="r|") as tf:
+            for member in tf:
+                checked = check_member(member, where)
+                if checked is None:
+                    continue
+                key, field = checked
+                last = f"{key}.{field}"
+                reader = tf.extractfile(member)
+                assert reader is not None
+                data = reader.read()
+                if len(data) != member.size:
+                    raise tarfile.ReadError(f"got {len(data)} of {member.size} bytes")
+                yield key, field, member.offset_data, data
+    except (tarfile.ReadError, EOFError, zlib.error) as exc:
+        raise TruncatedShardError(
+            f"truncated or corrupt shard {where!r}: reading stopped at member {last!r} "
+            f"({exc}). Re-download or rewrite the shard."
+        ) from exc
+
+
+def scan(url: str, f: IO[bytes], shard_bytes: int) -> ShardIndex:
+    """Build the index of the shard ``url`` open as ``f`` by reading it once."""
+    builder = IndexBuilder(url)
+    for key, field, offset, data in iter_members(f, url):
+        if offset + len(data) > shard_bytes:
+            raise TruncatedShardError(
+                f"truncated shard {url!r}: member {key}.{field} ends past the file's end."
+            )
+        builder.add(key, field, offset, len(data), zlib.crc32(data))
+    return builder.build(shard_bytes)
+
+
+def load(url: str, cache_dir: str | os.PathLike[str] | None, rebuild: bool = True) -> ShardIndex:
+    """The index of shard ``url``: its index file if present and current, else a scan.
+
+    A rebuilt index of a local shard is written beside it (atomically) when the folder is
+    writable; a remote one is kept in memory.
+
+    Raises:
+        FileNotFoundError: when the shard does not exist.
+    """
+    if not _remote.exists(url):
+        raise FileNotFoundError(
+            f"shard {url!r} does not exist; check the path or pattern (ShardWriter and "
+            "`stoker pack --format shards` write shards)."
+        )
+    shard_bytes = _remote.size(url)
+    idx_url = url + INDEX_SUFFIX
+    index = None
+    if _remote.exists(idx_url):
+        try:
+            index = ShardIndex.from_json(url, _remote.read_bytes(idx_url))
+        except (ValueError, KeyError, TypeError):
+            index = None  # unreadable: rebuilt below
+        if index is not None and index.shard_bytes == shard_bytes:
+            return index
+    if not rebuild:
+        raise FileNotFoundError(f"shard {url!r} has no current index {idx_url!r}.")
+    meta = index.meta if index is not None else {}  # a stale index keeps the writer's meta
+    with _remote.open_stream(url, cache_dir) as f:
+        index = scan(url, f, shard_bytes)
+    index.meta = meta
+    if not _remote.is_remote(url):
+        save(index, _remote.local_path(idx_url), missing_ok=True)
+    return index
+
+
+def save(index: ShardIndex, path: str, missing_ok: bool = False) -> None:
+    """Write ``index`` to the local ``path`` through a temporary name."""
+    tmp = _remote.temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(index.to_json())
+        os.replace(tmp, path)
+    except OSError:
+        _remote._remove(tmp)
+        if not missing_ok:  # a read-only folder: the index lives in memory only
+            raise
+    except BaseException:
+        _remote._remove(tmp)
+        raise

@@ -1,0 +1,270 @@
+"""Paths and URLs: local files, or anything fsspec opens (``s3://``, ``gs://``, ``http://``,
+``memory://`` ...), with an optional local cache directory; and atomic local writes.
+
+fsspec is imported only when a URL needs it (``pip install 'stoker[remote]'``, plus the
+protocol's own package, e.g. ``s3fs`` or ``gcsfs``). With a ``cache_dir`` a remote file is
+downloaded once, whole, to ``cache_dir/<hash>-<name>`` (through a temporary name, so that a
+reader never sees half a file) and then read locally; without one, reads go to the remote
+store (byte ranges for random access, a stream for sequential reads).
+
+Temporary files are named ``.NAME.stoker-tmp-PID-RANDOM`` beside their final name, so that
+a later writer can remove those whose process died (:func:`sweep_stale`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Iterable
+from typing import IO, Any
+
+_TMP_MARK = ".stoker-tmp-"
+_BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_COPY_CHUNK = 1 << 22
+
+
+def is_remote(url: str) -> bool:
+    """Whether ``url`` names something fsspec must open (a protocol other than file).
+
+    >>> is_remote("s3://bucket/a.tar"), is_remote("/data/a.tar"), is_remote("file:///a")
+    (True, False, False)
+    """
+    head, sep, _ = url.partition("://")
+    return bool(sep) and head.lower() not in ("file", "local") and "/" not in head
+
+
+def local_path(url: str) -> str:
+    """A local path for a local ``url`` (``file://`` removed, ``~`` expanded).
+
+    >>> local_path("file:///tmp/x")
+    '/tmp/x'
+    """
+    if url.startswith("file://"):
+        url = url[len("file://") :]
+    return os.path.expanduser(url)
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec filesystem and in-filesystem path of a remote ``url``.
+
+    Raises:
+        ModuleNotFoundError: when fsspec (or the protocol's package) is not installed.
+    """
+    try:
+        import fsspec
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"reading {url!r} needs fsspec: `pip install 'stoker[remote]'` (plus the "
+            "protocol's package, e.g. s3fs, gcsfs or aiohttp for http)."
+        ) from exc
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, path
+
+
+def _with_protocol(url: str, path: str) -> str:
+    protocol = url.split("://", 1)[0]
+    return (
+        path
+        if "://" in path
+        else f"{protocol}://{path.lstrip('/') if protocol == 'memory' else path}"
+    )
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """WebDataset's brace ranges: ``a-{00..02}.tar`` is three names, zero padding kept.
+
+    >>> expand_braces("s-{08..10}.tar")
+    ['s-08.tar', 's-09.tar', 's-10.tar']
+    """
+    m = _BRACE.search(pattern)
+    if m is None:
+        return [pattern]
+    lo, hi = m.group(1), m.group(2)
+    width = len(lo) if lo.startswith("0") else 0
+    out: list[str] = []
+    for i in range(int(lo), int(hi) + 1):
+        head = pattern[: m.start()] + str(i).zfill(width)
+        out.extend(head + rest for rest in expand_braces(pattern[m.end() :]))
+    return out
+
+
+def expand(
+    urls: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], suffix: str
+) -> list[str]:
+    """The shard URLs named by ``urls``: a list, a brace range, a glob, or a directory.
+
+    A directory (local or remote) stands for its files ending in ``suffix``, sorted.
+
+    Raises:
+        FileNotFoundError: when nothing matches.
+    """
+    items = (
+        [os.fspath(urls)] if isinstance(urls, (str, os.PathLike)) else [os.fspath(u) for u in urls]
+    )
+    out: list[str] = []
+    for item in items:
+        for name in expand_braces(item):
+            out.extend(_expand_one(name, suffix))
+    if not out:
+        raise FileNotFoundError(
+            f"no shard found for {urls!r}: pass shard paths or URLs, a brace range "
+            f"(shard-{{000000..000009}}{suffix}), a glob or a directory of *{suffix} files."
+        )
+    return out
+
+
+def _expand_one(name: str, suffix: str) -> list[str]:
+    if is_remote(name):
+        fs, path = filesystem(name)
+        if any(c in path for c in "*?["):
+            return sorted(_with_protocol(name, p) for p in fs.glob(path))
+        if fs.isdir(path):
+            found = [p for p in fs.ls(path, detail=False) if p.endswith(suffix)]
+            return sorted(_with_protocol(name, p) for p in found)
+        return [name]
+    path = local_path(name)
+    if any(c in path for c in "*?["):
+        return sorted(glob.glob(path))
+    if os.path.isdir(path):
+        return sorted(
+            os.path.join(path, n)
+            for n in os.listdir(path)
+            if n.endswith(suffix) and _TMP_MARK not in n
+        )
+    return [path]
+
+
+def exists(url: str) -> bool:
+    """Whether ``url`` names an existing file."""
+    if not is_remote(url):
+        return os.path.isfile(local_path(url))
+    fs, path = filesystem(url)
+    return bool(fs.exists(path))
+
+
+def size(url: str) -> int:
+    """The size of the file at ``url`` in bytes."""
+    if not is_remote(url):
+        return os.path.getsize(local_path(url))
+    fs, path = filesystem(url)
+    return int(fs.size(path))
+
+
+def read_bytes(url: str) -> bytes:
+    """The whole file at ``url``."""
+    if not is_remote(url):
+        with open(local_path(url), "rb") as f:
+            return f.read()
+    fs, path = filesystem(url)
+    return bytes(fs.cat_file(path))
+
+
+def cached(url: str, cache_dir: str | os.PathLike[str] | None) -> str | None:
+    """The local file holding ``url``: itself when local, its cached copy with a
+    ``cache_dir`` (downloaded now if missing), else None."""
+    if not is_remote(url):
+        return local_path(url)
+    if cache_dir is None:
+        return None
+    cache = os.path.expanduser(os.fspath(cache_dir))
+    os.makedirs(cache, exist_ok=True)
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[:80]
+    target = os.path.join(cache, f"{digest}-{base}")
+    if os.path.isfile(target):
+        return target
+    fs, path = filesystem(url)
+    tmp = temp_name(target)
+    try:
+        with fs.open(path, "rb", block_size=0) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, _COPY_CHUNK)
+        os.replace(tmp, target)  # atomic: concurrent readers see the whole file or none
+    except BaseException:
+        _remove(tmp)
+        raise
+    return target
+
+
+def open_stream(url: str, cache_dir: str | os.PathLike[str] | None) -> IO[bytes]:
+    """``url`` opened for one sequential pass (a stream when remote and not cached)."""
+    local = cached(url, cache_dir)
+    if local is not None:
+        return open(local, "rb")
+    fs, path = filesystem(url)
+    # block_size=0 asks for a plain stream: http servers without range support work too.
+    return fs.open(path, "rb", block_size=0)  # type: ignore[no-any-return]
+
+
+def open_random(url: str, cache_dir: str | os.PathLike[str] | None) -> IO[bytes]:
+    """``url`` opened for seek + read (byte-range requests when remote and not cached)."""
+    local = cached(url, cache_dir)
+    if local is not None:
+        return open(local, "rb")
+    fs, path = filesystem(url)
+    return fs.open(path, "rb")  # type: ignore[no-any-return]
+
+
+def upload(local: str, url: str) -> None:
+    """Copy the local file ``local`` to ``url`` (one object: it appears whole or not at all)."""
+    fs, path = filesystem(url)
+    fs.put_file(local, path)
+
+
+def temp_name(final: str) -> str:
+    """A fresh temporary name beside ``final``, marked with this process's pid.
+
+    >>> temp_name("/d/out.lmdb").startswith("/d/.out.lmdb.stoker-tmp-")
+    True
+    """
+    head, base = os.path.split(final)
+    return os.path.join(head, f".{base}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def sweep_stale(final: str) -> list[str]:
+    """Remove temporary files and folders of ``final`` left by processes that died.
+
+    Returns:
+        The paths removed.
+    """
+    head, base = os.path.split(final)
+    prefix = f".{base}{_TMP_MARK}"
+    removed = []
+    try:
+        names = os.listdir(head or ".")
+    except FileNotFoundError:
+        return []
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].split("-", 1)[0]
+        if pid_text.isdigit() and _alive(int(pid_text)):
+            continue
+        path = os.path.join(head, name)
+        _remove(path)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -1,0 +1,262 @@
+"""ShardIterable: tar shards as a stream, shuffled by shard and within a buffer, split across
+ranks x workers, resumable.
+
+Each *consumer* (one worker of one rank) reads its own shards sequentially, so a stream
+needs no index and no random access: this is the reader for object storage. Which
+shards a consumer reads, and the order of samples, depend only on (seed, epoch, shard
+list, number of consumers), so every rank and worker agrees without talking.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from stoker import _random, _torch
+from stoker._dataset import IterableDataset
+from stoker._worker_info import get_worker_info
+from stoker.formats import _remote
+from stoker.formats._codec import DICT_SPEC, Assembler, spec_kind
+from stoker.formats._index import INDEX_SUFFIX, ShardIndex, iter_members
+
+RawSample = tuple[dict[str, bytes], str, str]
+
+
+def consumer() -> tuple[int, int]:
+    """``(id, count)`` of the calling consumer among ranks x workers.
+
+    The rank and world size come from ``torch.distributed`` when it is initialised, else
+    from the ``RANK`` / ``WORLD_SIZE`` environment variables (1 process when unset); the
+    worker from stoker's ``get_worker_info()``, or torch's under torch's DataLoader.
+    """
+    rank, world = _rank_world()
+    info: Any = get_worker_info()
+    torch = _torch.loaded()
+    if info is None and torch is not None:
+        info = torch.utils.data.get_worker_info()
+    wid, workers = (0, 1) if info is None else (int(info.id), int(info.num_workers))
+    return rank * workers + wid, world * workers
+
+
+def _rank_world() -> tuple[int, int]:
+    torch = _torch.loaded()
+    if torch is not None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def group_samples(url: str, cache_dir: str | None) -> Iterator[RawSample]:
+    """The samples of shard ``url`` in order, as ``({field: bytes}, url, key)``."""
+    fields: dict[str, bytes] = {}
+    current: str | None = None
+    with _remote.open_stream(url, cache_dir) as f:
+        for key, field, _, data in iter_members(f, url):
+            if current is not None and (key != current or field in fields):
+                yield fields, url, current
+                fields = {}
+            current = key
+            fields[field] = data
+    if current is not None:
+        yield fields, url, current
+
+
+def shuffle_buffer(
+    items: Iterator[RawSample], size: int, rng: np.random.Generator
+) -> Iterator[RawSample]:
+    """``items`` shuffled through a buffer of ``size`` (no shuffle when ``size`` <= 1).
+
+    >>> out = list(shuffle_buffer(iter(range(10)), 4, np.random.default_rng(0)))
+    >>> sorted(out) == list(range(10)), out != list(range(10))
+    (True, True)
+    """
+    if size <= 1:
+        yield from items
+        return
+    buf: list[RawSample] = []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        j = int(rng.integers(size))
+        buf[j], item = item, buf[j]
+        yield item
+    order = rng.permutation(len(buf))
+    for j in order:
+        yield buf[int(j)]
+
+
+class ShardIterable(IterableDataset[Any]):
+    """An iterable dataset over tar shards: shuffled shards, a shuffle buffer, split across
+    ranks x workers.
+
+    Per epoch, the shard list is permuted from (seed, epoch) when ``shuffle_shards``;
+    consumer ``c`` of ``C`` (ranks x workers, see :func:`consumer`) takes shards
+    ``c, c + C, ...``, or, when there are fewer shards than consumers, reads them all and
+    keeps every ``C``-th sample. Its samples then pass through a buffer of ``buffer_size``
+    drawn from (seed, epoch, c). Samples are shaped as in :class:`ShardDataset`.
+
+    Seeds: with ``seed=None`` a worker uses its loader's base seed (shared by the workers
+    of one epoch, new each epoch, fixed by the loader's ``generator``), and the main
+    process draws one per ``iter()`` from the global RNG. With several ranks pass an int
+    ``seed`` (the same on every rank) and call :meth:`set_epoch` each epoch.
+
+    Resuming: :meth:`state_dict` says, for the process it is called in, the seed, epoch
+    and number of samples this consumer has yielded in the current pass;
+    :meth:`load_state_dict` makes the *next* ``iter()`` replay that pass from the same
+    seed and epoch and skip those samples (read, not decoded), so the rest is exactly what
+    the interrupted pass would have yielded, given the same shards, consumers and
+    ``buffer_size``. In worker processes the state lives in each worker's copy: with
+    ``num_workers=0`` call it on the dataset; with workers the loader must gather it per
+    worker (a list of the workers' states is accepted by ``load_state_dict``).
+
+    Args:
+        urls: shard paths or URLs (a list, brace range, glob or directory).
+        fields: the read spec; default: the writer's (from the first shard's index, when
+            present), else the whole dict.
+        shuffle_shards: permute the shards each epoch.
+        buffer_size: the shuffle buffer in samples (0 or 1: no sample shuffle).
+        seed: the int seed, or None (see above).
+        transform, target_transform, decode: as for :class:`ShardDataset`.
+        cache_dir: local folder for remote shards; without it they are streamed.
+    """
+
+    def __init__(
+        self,
+        urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        fields: Sequence[str] | None = None,
+        *,
+        shuffle_shards: bool = True,
+        buffer_size: int = 1000,
+        seed: int | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        decode: bool | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not isinstance(buffer_size, int) or buffer_size < 0:
+            raise ValueError(f"buffer_size must be a non-negative integer, got {buffer_size!r}.")
+        if seed is not None:
+            _random.check_generator(seed, "seed")
+        self.urls = _remote.expand(urls, ".tar")
+        self.shuffle_shards = shuffle_shards
+        self.buffer_size = buffer_size
+        self.seed = seed
+        self.epoch = 0
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        meta = _first_meta(self.urls[0])
+        spec = list(fields) if fields is not None else list(meta.get("spec", [DICT_SPEC]))
+        kind = meta.get("kind", "dict") if fields is None else spec_kind(spec, None)
+        self.classes: list[str] = list(meta.get("extra", {}).get("classes", []))
+        self._asm = Assembler(
+            spec, kind, meta.get("codecs", {}), transform, target_transform, decode
+        )
+        self._state: dict[str, int] = {}
+        self._resume: dict[str, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch that, with the seed, orders shards and samples (call before iter)."""
+        self.epoch = int(epoch)
+
+    def _seed(self) -> int:
+        if self.seed is not None:
+            return int(self.seed)
+        info = get_worker_info()
+        if info is not None:
+            return int(info.seed) - int(info.id)  # the loader's base seed: same in all workers
+        return _random.draw_seed(None)
+
+    def plan(self, seed: int, epoch: int, cid: int, count: int) -> tuple[list[str], int]:
+        """The shards consumer ``cid`` of ``count`` reads, and its sample stride (1 or count)."""
+        order = np.arange(len(self.urls))
+        if self.shuffle_shards:
+            order = _random.rng(seed, epoch).permutation(len(self.urls))
+        urls = [self.urls[int(i)] for i in order]
+        if len(urls) >= count:
+            return urls[cid::count], 1
+        return urls, count
+
+    def _raw_stream(self, seed: int, epoch: int, cid: int, count: int) -> Iterator[RawSample]:
+        urls, stride = self.plan(seed, epoch, cid, count)
+
+        def samples() -> Iterator[RawSample]:
+            n = 0
+            for url in urls:
+                for sample in group_samples(url, self.cache_dir):
+                    if stride == 1 or n % stride == cid:
+                        yield sample
+                    n += 1
+
+        return shuffle_buffer(samples(), self.buffer_size, _random.rng(seed, epoch, cid))
+
+    def __iter__(self) -> Iterator[Any]:
+        cid, count = consumer()
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            seed, epoch, skip = resume["seed"], resume["epoch"], resume["consumed"]
+        else:
+            seed, epoch, skip = self._seed(), self.epoch, 0
+        self._state = {"seed": seed, "epoch": epoch, "consumer": cid, "consumers": count}
+        self._state["consumed"] = skip
+        for n, (raw, url, key) in enumerate(self._raw_stream(seed, epoch, cid, count)):
+            if n < skip:
+                continue
+            wanted = self._asm.needed(list(raw), url, key)
+            sample = self._asm.build({f: raw[f] for f in wanted}, url, key)
+            self._state["consumed"] = n + 1
+            yield sample
+
+    def state_dict(self) -> dict[str, int]:
+        """This consumer's position: ``seed``, ``epoch``, ``consumer``, ``consumers`` and
+        ``consumed`` (samples yielded in the current pass). Empty before the first iter."""
+        return dict(self._state)
+
+    def load_state_dict(self, state: Mapping[str, int] | Sequence[Mapping[str, int]]) -> None:
+        """Resume the next ``iter()`` where ``state`` left off (see the class docstring).
+
+        ``state`` is one :meth:`state_dict`, or a list of them (one per consumer), of
+        which the calling consumer takes its own.
+
+        Raises:
+            ValueError: when ``state`` does not fit this consumer.
+        """
+        states = [state] if isinstance(state, Mapping) else list(state)
+        cid, count = consumer()
+        for s in states:
+            if not s:
+                continue
+            if int(s["consumers"]) != count:
+                raise ValueError(
+                    f"the state was saved with {s['consumers']} consumers (ranks x workers) "
+                    f"but this run has {count}; resume with the same world size and "
+                    "num_workers."
+                )
+            if int(s["consumer"]) == cid:
+                self._resume = {k: int(s[k]) for k in ("seed", "epoch", "consumed")}
+                self.epoch = int(s["epoch"])
+                return
+        raise ValueError(
+            f"no state for consumer {cid} of {count} in the {len(states)} given; pass the "
+            "state_dict() of every consumer."
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardIterable({len(self.urls)} shards, buffer_size={self.buffer_size}, "
+            f"seed={self.seed})"
+        )
+
+
+def _first_meta(url: str) -> dict[str, Any]:
+    """The writer's metadata from ``url``'s index file, or {} when it has none."""
+    idx = url + INDEX_SUFFIX
+    try:
+        if not _remote.exists(idx):
+            return {}
+        return ShardIndex.from_json(url, _remote.read_bytes(idx)).meta
+    except (ValueError, KeyError, TypeError):
+        return {}
