@@ -52,6 +52,13 @@ def versions() -> dict[str, str]:
     return out
 
 
+def command() -> str:
+    """The command line that ran this program, as a user would type it from the repo root."""
+    argv = list(sys.orig_argv)
+    argv[0] = "python"
+    return " ".join(argv)
+
+
 def timed(run: Run) -> dict[str, float]:
     """One run of ``run`` with its wall time added as ``seconds``."""
     t0 = time.perf_counter()
@@ -67,8 +74,12 @@ def compare(
     baseline: str = "torch",
     config: dict[str, Any] | None = None,
     warmup: bool = True,
+    extra: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Runs every contender ``repeats`` times, alternating; prints and saves the medians.
+
+    Args:
+        extra: called after the runs; its fields are added to the record (e.g. memory).
 
     Returns:
         The JSON record: config, versions, cores, and per contender the raw runs, the median
@@ -102,12 +113,14 @@ def compare(
             s["ratio"] = s[first_rate] / base if base else float("nan")
     record = {
         "workload": workload,
+        "command": command(),
         "config": config or {},
         "repeats": repeats,
         "cores": os.cpu_count(),
         "versions": versions(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "results": summary,
+        **(extra() if extra is not None else {}),
     }
     _print(record, first_rate)
     RESULTS.mkdir(exist_ok=True)

@@ -28,6 +28,7 @@ from stoker._sampler import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from stoker._strings import StringArray
 from stoker._worker_info import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "SequentialSampler",
     "ShardedIterable",
     "StackDataset",
+    "StringArray",
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",

@@ -95,7 +95,10 @@ def _gather_tensor(src: Any, indices: np.ndarray[Any, Any], alloc: Alloc | None)
     idx = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64))
     if alloc is None or src.device.type != "cpu":
         return src.index_select(0, idx.to(src.device))
-    np_dtype = torch.empty((), dtype=src.dtype).numpy().dtype
+    try:
+        np_dtype = torch.empty((), dtype=src.dtype).numpy().dtype
+    except TypeError:  # a dtype NumPy lacks (bfloat16 ...): gather into fresh memory
+        return src.index_select(0, idx)
     buf = torch.from_numpy(alloc((len(indices), *src.shape[1:]), np_dtype))
     torch.index_select(src, 0, idx, out=buf)
     return buf

@@ -17,13 +17,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--samples", type=int, default=200_000, help="samples in the dataset")
     demo.add_argument("--batch-size", type=int, default=256)
     demo.add_argument("--epochs", type=int, default=3)
-    from stoker.formats._cli import COMMANDS as FORMAT_COMMANDS
-    from stoker.formats._cli import add_subcommands, run
+    from stoker import _bench
+    from stoker.formats import _cli as formats_cli
 
-    add_subcommands(sub)
+    _bench.add_subcommand(sub)
+    formats_cli.add_subcommands(sub)
     args = parser.parse_args(argv)
-    if args.command in FORMAT_COMMANDS:
-        return run(args)
+    if args.command == "bench":
+        return _bench.run(args)
+    if args.command in formats_cli.COMMANDS:
+        return formats_cli.run(args)
     if args.command == "demo":
         from stoker._demo import run_demo
 

@@ -28,6 +28,7 @@ from stoker._sampler import (
     SequentialSampler,
     batch_arrays,
 )
+from stoker._state import STATE_VERSION, Epoch, check_state
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -209,9 +210,12 @@ class DataLoader(Generic[T_co]):
         self.multiprocessing_context = multiprocessing_context
         self._iterable_len_reported: int | None = None
         self._iterator: Any = None
-        self._epoch = 0
         self._pin_device: str | None = None
         self._pin_checked = False
+        self._base_seed: int | None = None
+        self._next_epoch = 0
+        self._current: Epoch | None = None
+        self._resume: dict[str, Any] | None = None
         if num_workers > 0:
             from stoker._engine._multi import workers_warning
 
@@ -297,8 +301,98 @@ class DataLoader(Generic[T_co]):
         arrays = batch_arrays(self.batch_sampler)
         return arrays if arrays is not None else iter(self._index_sampler)
 
+    def _seed(self) -> int:
+        """The loader's base seed, drawn once from ``generator`` (see API.md)."""
+        if self._base_seed is None:
+            self._base_seed = _random.draw_seed(self.generator)
+        return self._base_seed
+
+    def _start_epoch(self) -> Epoch:
+        """Begin the next epoch (or the one a loaded state resumes); called by iterators."""
+        resume, self._resume = self._resume, None
+        number = resume["epoch"] if resume is not None else self._next_epoch
+        self._next_epoch = number + 1
+        state = self._sampler_state()
+        if resume is None or resume["dataset"] is not None:  # the dataset resumes itself
+            self._current = Epoch(number, self._seed(), self._tasks(), state)
+        else:
+            self._current = Epoch(
+                number,
+                self._seed(),
+                self._tasks(),
+                state,
+                delivered=resume["delivered"],
+                delivered_beyond=frozenset(resume["delivered_beyond"]),
+                refetch=self._iterable,
+            )
+        return self._current
+
+    def _sampler_state(self) -> dict[str, Any] | None:
+        get = getattr(self.batch_sampler, "state_dict", None)
+        return get() if get is not None and not self._iterable else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small, JSON-serialisable checkpoint of where iteration stands.
+
+        Taken after any batch, ``load_state_dict`` on a loader over the same dataset resumes
+        at the next batch, and the rest of the epoch is bit-identical to an uninterrupted run:
+        for map-style datasets with any ``num_workers`` and ``worker_mode``, for iterable
+        datasets with the same ``num_workers`` (their delivered batches are fetched again and
+        dropped, unless the dataset has its own ``state_dict`` and loads in process).
+        Samplers without ``state_dict`` (e.g. torch's) are replayed the same way.
+
+        To skip ahead or rewind within the epoch, edit ``"delivered"`` before loading.
+        """
+        cur = self._current
+        if self._resume is not None:
+            return dict(self._resume)
+        if cur is None or cur.finished:
+            epoch, delivered, beyond, sampler = self._next_epoch, 0, [], self._sampler_state()
+        else:
+            epoch, delivered, beyond = cur.number, cur.prefix, sorted(cur.beyond)
+            sampler = cur.sampler_state
+        get_dataset_state = getattr(self.dataset, "state_dict", None)
+        return {
+            "version": STATE_VERSION,
+            "seed": self._seed(),
+            "epoch": epoch,
+            "delivered": delivered,
+            "delivered_beyond": beyond,
+            "sampler": sampler,
+            "dataset": get_dataset_state()
+            if get_dataset_state is not None and self._iterable and self.num_workers == 0
+            else None,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a :meth:`state_dict`: the next ``iter(loader)`` continues there.
+
+        Raises:
+            ValueError: the state does not fit this loader (keys, version, counts, or a
+                sampler state of another kind).
+            TypeError: a field has the wrong type.
+        """
+        sd = check_state(state_dict)
+        if sd["sampler"] is not None and not hasattr(self.batch_sampler, "load_state_dict"):
+            raise ValueError(
+                "this DataLoader's batch sampler has no load_state_dict, but the state holds a "
+                "sampler state: resume with the sampler the state was saved with."
+            )
+        if not self._iterable and sd["delivered"] > len(self):
+            raise ValueError(
+                f"DataLoader state says {sd['delivered']} batches were delivered, but an "
+                f"epoch of this loader has {len(self)}: was it saved with another dataset "
+                "or batch size?"
+            )
+        if sd["sampler"] is not None:
+            self.batch_sampler.load_state_dict(sd["sampler"])
+        if sd["dataset"] is not None:
+            self.dataset.load_state_dict(sd["dataset"])
+        self._base_seed = sd["seed"]
+        self._resume = sd
+        self._current = None
+
     def __iter__(self) -> Iterator[Any]:
-        self._epoch += 1
         if self.num_workers == 0:
             from stoker._engine._single import SingleProcessIterator
 

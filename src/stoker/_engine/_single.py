@@ -1,21 +1,26 @@
-"""The single-process iterator: fetch, collate and (optionally) pin in the main process."""
+"""The single-process iterator: seed, fetch, collate and (optionally) pin in the main process."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from stoker._engine._pin import pin
+from stoker._random import mix_seed, seed_globals
 
 if TYPE_CHECKING:
     from stoker._loader import DataLoader
 
 
 class SingleProcessIterator:
-    """One epoch of a DataLoader with ``num_workers=0``, batch by batch on ``__next__``."""
+    """One epoch of a DataLoader with ``num_workers=0``, batch by batch on ``__next__``.
+
+    Before batch ``k`` is fetched, the global RNGs are seeded from (seed, epoch, k), exactly
+    as a worker would seed them, so augmentations match those of any worker count.
+    """
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         self._loader = loader
-        self._tasks = loader._tasks()
+        self._epoch = loader._start_epoch()
         self._fetch = loader._make_fetcher().fetch
         self._pin_device = loader._resolved_pin_device()
         self._iterable = loader._iterable
@@ -25,7 +30,17 @@ class SingleProcessIterator:
         return self
 
     def __next__(self) -> Any:
-        data = self._fetch(next(self._tasks))
+        epoch = self._epoch
+        while True:
+            try:
+                k, task = next(epoch.tasks)
+                seed_globals(mix_seed(epoch.seed, epoch.number, k))
+                data = self._fetch(task)
+            except StopIteration:
+                epoch.finish()
+                raise
+            if epoch.deliver(k):
+                break
         if self._pin_device is not None:
             data = pin(data, self._pin_device)
         self._yielded += 1

@@ -1,0 +1,86 @@
+"""W1, the seed's num-workers bench: 1000 samples of 1 MiB float32, each ``__getitem__``
+waits 5 ms (I/O), batch 100. torch vs stoker with process workers (and stoker's thread
+mode with 16 workers). The limit is 5 s / workers of waiting plus one copy of the data.
+
+    python benchmarks/w1_sleep.py [--workers N] [--repeats R] [--quick]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness
+
+N, BATCH, FLOATS, WAIT_S = 1000, 100, 1 << 18, 0.005
+
+
+class Sleepy:
+    """1 MiB float32 samples, each after a 5 ms wait that releases the GIL."""
+
+    def __init__(self, tensor: bool = False) -> None:
+        self.sample: Any = np.ones(FLOATS, np.float32)
+        if tensor:
+            import torch
+
+            self.sample = torch.from_numpy(self.sample)
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(WAIT_S)
+        return self.sample
+
+
+def drain(loader: Any) -> dict[str, float]:
+    """One epoch; counts samples."""
+    n = 0
+    for batch in loader:
+        n += len(batch)
+    assert n == N
+    return {"samples": n}
+
+
+def main() -> None:
+    """Run the comparison and print medians, ratios and the limit."""
+    args = harness.cli(__doc__ or "", repeats=3, workers=2)
+    import torch.utils.data as tud
+
+    import stoker
+
+    w = args.workers
+    contenders = {
+        f"torch {w} workers": lambda: drain(
+            tud.DataLoader(Sleepy(tensor=True), batch_size=BATCH, num_workers=w)
+        ),
+        f"stoker {w} workers": lambda: drain(
+            stoker.DataLoader(Sleepy(), batch_size=BATCH, num_workers=w)
+        ),
+        "stoker 16 threads": lambda: drain(
+            stoker.DataLoader(Sleepy(), batch_size=BATCH, num_workers=16, worker_mode="thread")
+        ),
+    }
+    record = harness.compare(
+        f"w1_sleep_{w}w",
+        contenders,
+        repeats=args.repeats,
+        baseline=f"torch {w} workers",
+        config={"samples": N, "batch": BATCH, "sample_bytes": FLOATS * 4, "wait_s": WAIT_S},
+        warmup=not args.quick,
+    )
+    for name, workers in ((f"stoker {w} workers", w), ("stoker 16 threads", 16)):
+        limit = N * WAIT_S / workers
+        got = record["results"][name]["median_seconds"]
+        print(
+            f"{name}: {got:.3f} s vs waiting limit {limit:.3f} s (+ one copy): {got / limit:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

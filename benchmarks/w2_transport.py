@@ -1,0 +1,90 @@
+"""W2: transport throughput, torch's DataLoader vs stoker's: 1 MiB float32 samples that cost
+nothing to make, batch 100, 2 workers (and in-process for reference). GB/s moved to the
+training loop; the limit is one memcpy.
+
+Run: ``python benchmarks/w2_transport.py [--quick] [--workers 2]``
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness
+
+N, BATCH, FLOATS = 1000, 100, 1 << 18  # 1 MiB of float32 per sample
+
+
+class NumpySamples:
+    """N samples, each the same 1 MiB float32 array (no work per sample)."""
+
+    def __init__(self) -> None:
+        self.sample = np.ones(FLOATS, np.float32)
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> Any:
+        return self.sample
+
+
+class TorchSamples(NumpySamples):
+    """The same samples as torch tensors (torch's collate stacks tensors)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.sample = torch.ones(FLOATS, dtype=torch.float32)
+
+
+def drain(loader: Any) -> dict[str, float]:
+    """Consume one epoch; count samples and bytes."""
+    samples = nbytes = 0
+    for batch in loader:
+        samples += len(batch)
+        nbytes += batch.nbytes if isinstance(batch, np.ndarray) else batch.numel() * 4
+    return {"GB": nbytes / 1e9, "samples": samples}
+
+
+def main() -> None:
+    """Run the comparison and print medians and ratios."""
+    args = harness.cli(__doc__ or "", repeats=5, workers=2)
+    import torch.utils.data as tud
+
+    import stoker
+
+    w = args.workers
+    contenders = {
+        f"torch {w} workers": lambda: drain(
+            tud.DataLoader(TorchSamples(), batch_size=BATCH, num_workers=w)
+        ),
+        f"stoker {w} workers": lambda: drain(
+            stoker.DataLoader(NumpySamples(), batch_size=BATCH, num_workers=w)
+        ),
+        f"stoker {w} workers, persistent": _persistent(stoker, w),
+        "stoker in-process": lambda: drain(stoker.DataLoader(NumpySamples(), batch_size=BATCH)),
+        "torch in-process": lambda: drain(tud.DataLoader(TorchSamples(), batch_size=BATCH)),
+    }
+    harness.compare(
+        f"w2_transport_{w}w",
+        contenders,
+        repeats=args.repeats,
+        baseline=f"torch {w} workers",
+        config={"samples": N, "batch": BATCH, "sample_bytes": FLOATS * 4, "workers": w},
+        warmup=not args.quick,
+    )
+
+
+def _persistent(stoker: Any, w: int) -> Any:
+    loader = stoker.DataLoader(
+        NumpySamples(), batch_size=BATCH, num_workers=w, persistent_workers=True
+    )
+    return lambda: drain(loader)
+
+
+if __name__ == "__main__":
+    main()

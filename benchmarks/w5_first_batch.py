@@ -1,0 +1,83 @@
+"""W5, time to first batch: a cold iterator with 2 workers, until the first batch arrives;
+and the second epoch's first batch with persistent workers. torch vs stoker.
+
+    python benchmarks/w5_first_batch.py [--workers N] [--repeats R] [--quick]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness
+
+N, FEATURES, BATCH = 10_000, 8, 64
+
+
+def first_batch(make: Any) -> Any:
+    """A run: build a loader, time iter() + next() (the harness times the whole call)."""
+
+    def run() -> dict[str, float]:
+        loader = make()
+        it = iter(loader)
+        next(it)
+        del it
+        return {"first_batches": 1}
+
+    return run
+
+
+def second_epoch(make: Any) -> Any:
+    """A run: with persistent workers, time the first batch of another epoch."""
+    loader = make(persistent_workers=True)
+    for _ in loader:
+        pass
+
+    def run() -> dict[str, float]:
+        it = iter(loader)
+        next(it)
+        return {"first_batches": 1}
+
+    return run
+
+
+def main() -> None:
+    """Run the comparison and print medians and ratios."""
+    args = harness.cli(__doc__ or "", repeats=15, workers=2)
+    import torch
+    import torch.utils.data as tud
+
+    import stoker
+
+    w = args.workers
+    x = np.random.default_rng(0).standard_normal((N, FEATURES), dtype=np.float32)
+    y = np.arange(N)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+    def torch_loader(**kw: Any) -> Any:
+        return tud.DataLoader(tud.TensorDataset(tx, ty), batch_size=BATCH, num_workers=w, **kw)
+
+    def stoker_loader(**kw: Any) -> Any:
+        return stoker.DataLoader(stoker.TensorDataset(x, y), batch_size=BATCH, num_workers=w, **kw)
+
+    harness.compare(
+        f"w5_first_batch_{w}w",
+        {
+            f"torch {w} workers": first_batch(torch_loader),
+            f"stoker {w} workers": first_batch(stoker_loader),
+            f"torch {w} persistent, epoch 2": second_epoch(torch_loader),
+            f"stoker {w} persistent, epoch 2": second_epoch(stoker_loader),
+        },
+        repeats=args.repeats,
+        baseline=f"torch {w} workers",
+        config={"samples": N, "batch": BATCH, "workers": w},
+        warmup=not args.quick,
+    )
+
+
+if __name__ == "__main__":
+    main()

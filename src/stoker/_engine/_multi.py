@@ -1,0 +1,310 @@
+"""The worker-backed iterator: dispatch, prefetch window, ordering, timeouts and shutdown.
+
+:class:`MultiWorkerIterator` runs in the thread that iterates the loader. It keeps at most
+``prefetch_factor`` tasks in flight per worker, numbers them, and delivers the batches in
+task order (``in_order=True``) or as they come (``in_order=False``). Every batch of epoch
+``e`` with index ``k`` is computed under a seed mixed from (base seed, e, k), so which
+worker runs it does not matter. The pool it drives (:mod:`stoker._engine._pool`) is shut
+down by a ``weakref.finalize``: at the end of an epoch (unless ``persistent_workers``), on
+garbage collection, on interpreter exit, and before any fatal error is raised.
+
+Also here: :func:`workers_warning`, torch's warning when more workers are asked for than
+CPUs are available, counting CPUs from the affinity mask and the cgroup quota.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from stoker._engine._pin import pin
+from stoker._engine._pool import ProcessPool, ThreadPool
+from stoker._engine._transport import RemoteError
+from stoker._random import mix_seed
+from stoker.errors import WorkerError
+
+if TYPE_CHECKING:
+    from stoker._loader import DataLoader
+
+_HEALTH_CHECK_S = 5.0
+"""Longest single wait for a result; deaths are seen at once, this only bounds the call."""
+_LAZY_START_S = 0.02
+"""Fork workers beyond the first start after the first batch, or after this long without
+one: a fast first batch does not wait for the other forks, a slow one barely delays them."""
+_START_TIMEOUT_S = 120.0
+"""``timeout`` counts from a worker's start-up; before it, start-up (spawn imports) may take
+this long."""
+
+
+class _Skip:
+    """Marks a task index whose worker had no more data (iterable datasets)."""
+
+
+_SKIP = _Skip()
+
+
+class _Failure:
+    """A task that raised in its worker; raised again when its turn comes."""
+
+    def __init__(self, remote: RemoteError) -> None:
+        self.remote = remote
+
+
+class MultiWorkerIterator:
+    """One epoch (or, with ``persistent_workers``, every epoch) of a loader with workers.
+
+    Created by ``DataLoader.__iter__`` in the thread that iterates; ``__next__`` must be
+    called from one thread at a time. ``_reset`` starts the next epoch on the same workers.
+    """
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self._loader = loader
+        self._num_workers = int(loader.num_workers)
+        self._prefetch = max(1, int(loader.prefetch_factor or 2))
+        self._in_order = bool(loader.in_order)
+        self._iterable = bool(loader._iterable)
+        self._persistent = bool(loader.persistent_workers)
+        self._timeout = float(loader.timeout)
+        pin_device = loader._resolved_pin_device()
+        base = loader._seed()  # workers start seeded from base + id, as in torch
+        pool: ProcessPool | ThreadPool
+        if loader.worker_mode == "thread":
+            pool = ThreadPool(loader, base, self._prefetch, pin_device)
+            self._pin_device = None  # threads pin their own batches
+        else:
+            pool = ProcessPool(loader, base, self._prefetch)
+            self._pin_device = pin_device
+        self._pool = pool
+        self._started = [False] * self._num_workers
+        self._finalizer = weakref.finalize(self, pool.shutdown)
+        self._generation = 0
+        self._reset()  # queues the first tasks: each worker gets them as it starts
+        pool.start(1 if pool.lazy_start else None)
+
+    # -- epochs ------------------------------------------------------------------------
+
+    @property
+    def _alive(self) -> bool:
+        return self._pool.alive
+
+    def _reset(self) -> None:
+        """Start an epoch: fresh tasks and seed, results of an unfinished one discarded."""
+        loader = self._loader
+        self._generation += 1
+        # The loader numbers the epoch's tasks (k) and records deliveries for state_dict.
+        self._epoch_state = loader._start_epoch()
+        self._seed = self._epoch_state.seed
+        self._epoch = self._epoch_state.number
+        self._tasks = self._epoch_state.tasks
+        self._k_of: dict[int, int] = {}  # send index -> batch index in the epoch
+        self._tasks_done = False
+        self._send_idx = 0
+        self._rcv_idx = 0
+        self._outstanding = [0] * self._num_workers
+        self._task_worker: dict[int, int] = {}
+        self._ready: dict[int, Any] = {}
+        self._active = [True] * self._num_workers
+        self._next_worker = 0
+        self._yielded = 0
+        self._refill()
+
+    def _end(self) -> None:
+        if not self._persistent:
+            self._finalizer()
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    def _choose(self) -> int | None:
+        n = self._num_workers
+        if self._iterable:
+            # Round robin over the workers with data left, as torch: batch k comes from
+            # the same worker in every run.
+            for _ in range(n):
+                wid = self._next_worker
+                if self._active[wid]:
+                    return wid if self._outstanding[wid] < self._prefetch else None
+                self._next_worker = (wid + 1) % n
+            return None
+        wid = min(range(n), key=self._outstanding.__getitem__)
+        return wid if self._outstanding[wid] < self._prefetch else None
+
+    def _refill(self) -> None:
+        while not self._tasks_done:
+            wid = self._choose()
+            if wid is None:
+                return
+            try:
+                k, task = next(self._tasks)
+            except StopIteration:
+                self._tasks_done = True
+                return
+            idx = self._send_idx
+            self._send_idx += 1
+            if self._iterable:
+                self._next_worker = (wid + 1) % self._num_workers
+            seed = mix_seed(self._seed, self._epoch, k)
+            self._k_of[idx] = k
+            freed = self._pool.take_freed(wid)
+            self._pool.send(wid, (self._generation, idx, task, seed, freed))
+            self._outstanding[wid] += 1
+            self._task_worker[idx] = wid
+
+    # -- results -----------------------------------------------------------------------
+
+    def __iter__(self) -> MultiWorkerIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __next__(self) -> Any:
+        if not self._pool.alive:
+            raise StopIteration
+        self._pool.flush_freed()  # the batch delivered last time may have died by now
+        if self._yielded and self._pool.pending_start:
+            self._pool.start()  # the first batch is out: now start the other workers
+        while True:
+            got = self._pop_ready()
+            if got is not None:
+                k, item = got
+                if not self._epoch_state.deliver(k):
+                    continue  # delivered before the checkpoint this epoch resumes from
+                return self._deliver(item)
+            if not any(self._outstanding) and (self._tasks_done or not any(self._active)):
+                self._epoch_state.finish()
+                self._end()
+                raise StopIteration
+            self._handle(*self._wait())
+
+    def _pop_ready(self) -> Any:
+        ready = self._ready
+        if self._in_order:
+            while ready.get(self._rcv_idx) is _SKIP:
+                del ready[self._rcv_idx]
+                self._rcv_idx += 1
+            if self._rcv_idx in ready:
+                self._rcv_idx += 1
+                return ready.pop(self._rcv_idx - 1)
+            return None
+        if ready:
+            return ready.pop(next(iter(ready)))
+        return None
+
+    def _deliver(self, item: Any) -> Any:
+        if isinstance(item, _Failure):
+            raise item.remote.rebuild()
+        if self._pin_device is not None:
+            item = pin(item, self._pin_device)
+        self._yielded += 1
+        if self._iterable:
+            self._loader._warn_if_iterable_overran(self._yielded)
+        return item
+
+    def _waiting_for(self) -> int:
+        if self._in_order and self._rcv_idx in self._task_worker:
+            return self._task_worker[self._rcv_idx]
+        return max(range(self._num_workers), key=self._outstanding.__getitem__)
+
+    def _wait(self) -> tuple[int, Any]:
+        if self._pool.pending_start:
+            if self._pool.is_started(self._waiting_for()):
+                got = self._pool.get(_LAZY_START_S)
+                if got is not None:
+                    return got
+            self._pool.start()  # the first batch is slow, or queued for an unstarted worker
+        if self._timeout > 0:
+            wid = self._waiting_for()
+            limit = self._timeout if self._started[wid] else _START_TIMEOUT_S
+            got = self._pool.get(limit)
+            if got is None:
+                who = self._pool.describe(wid)
+                self._pool.shutdown(grace_s=0.0)  # a stuck worker would not stop anyway
+                self._finalizer()
+                raise WorkerError(
+                    f"DataLoader timed out after {self._timeout:g} seconds waiting for a "
+                    f"batch from {who}, which is alive but made no progress. Raise timeout= "
+                    "(or set it to 0 to wait as long as workers live), or find what blocks "
+                    "in the dataset."
+                )
+            return got
+        while True:
+            got = self._pool.get(_HEALTH_CHECK_S)
+            if got is not None:
+                return got
+
+    def _handle(self, wid: int, msg: tuple[Any, ...]) -> None:
+        kind, gen, idx = msg[0], msg[1], msg[2]
+        if kind == "ready":
+            self._started[wid] = True
+            return
+        if idx == -1:  # start-up failed (dataset unpickling, worker_init_fn)
+            self._finalizer()
+            raise msg[3].rebuild()
+        if gen != self._generation:  # a result of an abandoned epoch
+            if kind == "ok":
+                self._pool.decode(wid, msg)  # maps and drops it: the slot returns
+            return
+        self._outstanding[wid] -= 1
+        del self._task_worker[idx]
+        k = self._k_of.pop(idx)
+        if kind == "ok":
+            self._ready[idx] = (k, self._pool.decode(wid, msg))
+        elif kind == "end":
+            self._active[wid] = False
+            if self._in_order:
+                self._ready[idx] = _SKIP
+        else:
+            self._ready[idx] = (k, _Failure(msg[3]))
+        self._refill()
+
+    def _shutdown(self) -> None:
+        """Stop the workers now (also done on garbage collection)."""
+        self._finalizer()
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: the affinity mask, capped by the cgroup CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return cpus
+
+
+def _cgroup_quota() -> float | None:
+    try:  # cgroup v2
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            q = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            p = int(f.read())
+        return None if q <= 0 or p <= 0 else q / p
+    except (OSError, ValueError):
+        return None
+
+
+def workers_warning(num_workers: int, worker_mode: str) -> None:
+    """Warn, as torch does, when more worker processes are asked for than CPUs exist."""
+    if worker_mode != "process" or num_workers <= 0:
+        return
+    cpus = available_cpus()
+    if num_workers > cpus:
+        warnings.warn(
+            f"This DataLoader will create {num_workers} worker processes in total, but "
+            f"only {cpus} CPUs are available to this process (its affinity mask and cgroup "
+            "quota), so workers will compete for them and loading may slow down or stall. "
+            f"Use num_workers <= {cpus}, or worker_mode='thread' for I/O-bound datasets.",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -1,0 +1,432 @@
+"""Worker pools: start workers, send tasks, wait for results, notice deaths, shut down.
+
+Two pools with one interface, used by :class:`stoker._engine._multi.MultiWorkerIterator`
+from the thread that iterates:
+
+- :class:`ProcessPool`: one process and one duplex pipe per worker. A result is read from
+  whichever pipe is ready (one ``select.poll`` on the pipes and the process
+  sentinels, so a dead worker is seen at once, never by polling). Batches cross through the
+  shared-memory transport.
+- :class:`ThreadPool`: one thread per worker, with the in-process transport (the batch
+  object itself).
+
+``shutdown`` may run from ``weakref.finalize`` (garbage collection, interpreter exit) and
+is idempotent; it does nothing in a forked child that inherited the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import queue
+import secrets
+import select
+import signal
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from stoker import _torch
+from stoker._engine import _shm
+from stoker._engine._transport import decode
+from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
+from stoker.errors import WorkerError
+
+if TYPE_CHECKING:
+    from stoker._loader import DataLoader
+
+_STOP_GRACE_S = 1.0
+"""How long stopping workers get to finish their batch and exit before they are killed."""
+_KILL_JOIN_TIMEOUT_S = 2.0
+"""How long to wait for a killed worker to be reaped."""
+_EAGER_FREE_BYTES = 1 << 20
+"""Slots from this size up are returned to their worker as soon as their batch dies."""
+_EXIT_CODE_WAIT_S = 1.0
+"""After a worker's pipe closed, how long to wait for its exit status."""
+
+# The main process's ends of all live workers' pipes. A process forked later (another
+# loader's worker, or the user's own fork) must not keep them open, or a worker would never
+# see end-of-file on its pipe when the main process dies.
+_PARENT_ENDS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _close_parent_ends_in_child() -> None:
+    for conn in list(_PARENT_ENDS):
+        with contextlib.suppress(OSError):
+            conn.close()
+    _PARENT_ENDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_parent_ends_in_child)
+
+
+class _ProcWorker:
+    """The main process's handle of one worker process."""
+
+    def __init__(self, wid: int, proc: Any, conn: Any, prefix: str) -> None:
+        self.wid = wid
+        self.proc = proc
+        self.pid: int | None = proc.pid
+        self.conn = conn
+        self.prefix = prefix
+        self.maps = _shm.SegmentMaps()
+        self.freed: list[int] = []  # slot ids whose views died; appended by finalizers
+        self.big_slots = False  # its slots are big enough to return them eagerly
+        self.unsent: list[Any] | None = []  # tasks queued before the process started
+
+
+def _signal_text(code: int | None) -> str:
+    if code is None:
+        return "its exit status is unknown"
+    if code >= 0:
+        return f"it exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    cause = {
+        "SIGKILL": "most often the out-of-memory killer (see `dmesg`); lower batch_size, "
+        "num_workers or prefetch_factor, or the dataset's memory use",
+        "SIGSEGV": "a crash in native code (a C extension used by the dataset or collate)",
+        "SIGBUS": "a bad memory access, e.g. shared memory (/dev/shm) exhausted",
+        "SIGTERM": "something outside stoker terminated it",
+    }.get(name, "an external signal or a crash")
+    return f"it was killed by {name}; likely cause: {cause}"
+
+
+def _explain_unpicklable(exc: BaseException, parts: dict[str, Any], method: str) -> None:
+    """Add a note naming the object (of ``parts``) that the start method could not pickle."""
+    for name, obj in parts.items():
+        try:
+            pickle.dumps(obj)
+        except Exception as err:
+            exc.add_note(
+                f"The DataLoader's {name} ({type(obj).__qualname__} {obj!r:.80}) cannot be "
+                f"pickled ({err}), and the '{method}' start method must pickle it to send it "
+                "to worker processes. Define it at module level (not inside a function, not "
+                "a lambda), or use multiprocessing_context='fork' or worker_mode='thread'."
+            )
+            return
+
+
+class ProcessPool:
+    """Worker processes with the shared-memory transport (see the module docstring)."""
+
+    def __init__(self, loader: DataLoader[Any], seed: int, prefetch: int) -> None:
+        ctx = loader.multiprocessing_context or multiprocessing.get_context()
+        method = ctx.get_start_method()
+        self._owner = os.getpid()
+        self._closed = False
+        self.workers: list[_ProcWorker] = []
+        _shm.sweep_dead_owners()
+        token = secrets.token_hex(4)
+        n = loader.num_workers
+        fetcher = loader._make_fetcher()
+        import_torch = _torch.loaded() is not None
+        # What to name if pickling fails (not the loader: it may hold this pool's iterator,
+        # and the pool must not keep that alive).
+        self._parts: dict[str, Any] = {
+            "dataset": loader.dataset,
+            "collate_fn": loader.collate_fn,
+            "worker_init_fn": loader.worker_init_fn,
+        }
+        self._method = method
+        self._child_ends: list[Any] = []
+        self._next_start = 0
+        for wid in range(n):
+            prefix = _shm.segment_prefix(self._owner, token, wid)
+            args = WorkerArgs(
+                wid,
+                n,
+                seed + wid,
+                fetcher,
+                loader.worker_init_fn,
+                prefix,
+                keep_free=2 * prefetch + 2,  # in flight, held, frees in transit
+                window=n * prefetch,
+                import_torch=import_torch,
+            )
+            parent, child = ctx.Pipe(duplex=True)
+            _PARENT_ENDS.add(parent)
+            proc = ctx.Process(  # type: ignore[attr-defined]
+                target=process_worker,
+                args=(args, child),
+                daemon=True,
+                name=f"stoker-worker-{wid}",
+            )
+            self.workers.append(_ProcWorker(wid, proc, parent, prefix))
+            self._child_ends.append(child)
+        self._poller = select.poll()
+        self._by_conn_fd = {w.conn.fileno(): w for w in self.workers}
+        self._by_sentinel: dict[int, _ProcWorker] = {}
+        for fd in self._by_conn_fd:
+            self._poller.register(fd, select.POLLIN)
+
+    def start(self, count: int | None = None) -> None:
+        """Start the next ``count`` workers (default: all), each given its queued tasks.
+
+        Raises:
+            Whatever starting raised, e.g. a pickling error under spawn, with a note naming
+            the object that could not be sent; the pool is shut down first.
+        """
+        todo = self.workers[self._next_start :]
+        if count is not None:
+            todo = todo[:count]
+        try:
+            for w in todo:
+                child = self._child_ends[w.wid]
+                try:
+                    w.proc.start()
+                finally:
+                    child.close()  # the worker holds its own copy now
+                self._next_start += 1
+                w.pid = w.proc.pid
+                self._by_sentinel[w.proc.sentinel] = w
+                self._poller.register(w.proc.sentinel, select.POLLIN)
+                unsent, w.unsent = w.unsent, None
+                for msg in unsent or ():  # it works on these while the next one starts
+                    self.send(w.wid, msg)
+        except BaseException as exc:
+            for child in self._child_ends:
+                child.close()
+            self.shutdown()
+            if self._method != "fork" and isinstance(exc, Exception):
+                _explain_unpicklable(exc, self._parts, self._method)
+            raise
+        if not self.pending_start:
+            self._parts = {}
+
+    def is_started(self, wid: int) -> bool:
+        """Whether worker ``wid``'s process was started."""
+        return self.workers[wid].pid is not None
+
+    @property
+    def pending_start(self) -> bool:
+        """Whether some workers are not started yet."""
+        return self._next_start < len(self.workers) and not self._closed
+
+    @property
+    def lazy_start(self) -> bool:
+        """Whether to start one worker first and the others after the first batch.
+
+        Under fork each start costs the main process a few milliseconds (copying its page
+        tables); the first batch needs only one worker. Spawned workers start slowly, so
+        they all start at once.
+        """
+        return self._method == "fork"
+
+    @property
+    def alive(self) -> bool:
+        """Whether the pool can still serve tasks."""
+        return not self._closed
+
+    def describe(self, wid: int) -> str:
+        """'worker 1 (pid 42)'."""
+        return f"worker {wid} (pid {self.workers[wid].pid})"
+
+    def send(self, wid: int, msg: Any) -> None:
+        """Send a task to worker ``wid``.
+
+        A worker that died is not reported here but by :meth:`get`, after the results it
+        sent before dying have been read.
+        """
+        w = self.workers[wid]
+        if w.unsent is not None:  # not started yet: sent right after its start
+            w.unsent.append(msg)
+            return
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            w.conn.send(msg)
+
+    def flush_freed(self) -> None:
+        """Return freed slots of big batches at once, not with the next task.
+
+        Creating a big slot costs page faults (~0.5 ms per MiB here); a small one costs
+        less than the extra message.
+        """
+        for w in self.workers:
+            if w.freed and w.big_slots:
+                self.send(w.wid, self.take_freed(w.wid))
+
+    def take_freed(self, wid: int) -> list[int]:
+        """Slot ids of worker ``wid`` freed since the last call."""
+        freed = self.workers[wid].freed
+        n = len(freed)
+        out = freed[:n]
+        del freed[:n]  # finalizers may append concurrently: keep what came after
+        return out
+
+    def get(self, timeout_s: float) -> tuple[int, Any] | None:
+        """The next (worker id, message) from any worker, or None after ``timeout_s``.
+
+        Raises:
+            WorkerError: a worker died (its pipe closed or its process ended).
+        """
+        # One poll object for the pool's life: cheaper per batch than building a selector
+        # in multiprocessing.connection.wait() each time.
+        events = self._poller.poll(None if timeout_s is None else max(0, timeout_s) * 1000)
+        if not events:
+            return None
+        dead = None
+        for fd, _ in events:
+            w = self._by_conn_fd.get(fd)
+            if w is None:
+                dead = self._by_sentinel[fd]
+                continue
+            try:
+                return w.wid, w.conn.recv()
+            except (EOFError, OSError):
+                self._died(w)
+        assert dead is not None
+        if dead.conn.poll():  # read what it sent before it died
+            with contextlib.suppress(EOFError, OSError):
+                return dead.wid, dead.conn.recv()
+        self._died(dead)
+        return None  # pragma: no cover - _died raises
+
+    def decode(self, wid: int, msg: tuple[Any, ...]) -> Any:
+        """The batch of an "ok" message from worker ``wid``."""
+        w = self.workers[wid]
+        _, _, _, slot, payload, retired = msg
+        if retired:
+            w.maps.drop(retired)
+        if slot is not None:
+            w.big_slots = slot[2] >= _EAGER_FREE_BYTES
+        return decode(slot, payload, w.maps, w.freed.append)
+
+    def _died(self, w: _ProcWorker) -> None:
+        w.proc.join(_EXIT_CODE_WAIT_S)
+        code = w.proc.exitcode
+        self.shutdown(grace_s=0.0)
+        raise WorkerError(
+            f"DataLoader worker {w.wid} (pid {w.pid}) exited unexpectedly: {_signal_text(code)}."
+        )
+
+    def shutdown(self, grace_s: float = _STOP_GRACE_S) -> None:
+        """Stop every worker (kill those that do not stop in time); unlink what they left.
+
+        Args:
+            grace_s: how long workers get to stop by themselves before they are killed.
+        """
+        if self._closed or os.getpid() != self._owner:
+            return
+        self._closed = True
+        for w in self.workers:
+            with contextlib.suppress(OSError, ValueError):
+                w.conn.send(None)
+        deadline = time.monotonic() + grace_s
+        started = [w for w in self.workers if w.pid is not None]
+        for w in started:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.pid is None:  # never started
+                _PARENT_ENDS.discard(w.conn)
+                w.conn.close()
+                continue
+            if w.proc.exitcode is None:
+                with contextlib.suppress(OSError):
+                    w.proc.kill()
+                w.proc.join(_KILL_JOIN_TIMEOUT_S)
+            if w.proc.exitcode != 0:
+                _shm.unlink_prefix(w.prefix)  # it could not unlink its own segments
+            _PARENT_ENDS.discard(w.conn)
+            w.conn.close()
+            w.maps.clear()
+            with contextlib.suppress(ValueError):
+                w.proc.close()  # frees the sentinel descriptor now, not at GC
+
+
+class ThreadPool:
+    """Worker threads with the in-process transport (see the module docstring)."""
+
+    def __init__(
+        self, loader: DataLoader[Any], seed: int, prefetch: int, pin_device: str | None
+    ) -> None:
+        self._closed = False
+        self._outbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        self._inboxes: list[queue.SimpleQueue[Any]] = []
+        self._threads: list[threading.Thread] = []
+        n = loader.num_workers
+        shared = None if loader._iterable else loader._make_fetcher()
+        guard = RngGuard()
+        for wid in range(n):
+            fetcher = shared if shared is not None else loader._make_fetcher()
+            args = WorkerArgs(
+                wid,
+                n,
+                seed + wid,
+                fetcher,
+                loader.worker_init_fn,
+                pin_device=pin_device,
+                rng_guard=guard,
+            )
+            inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            t = threading.Thread(
+                target=thread_worker,
+                args=(args, inbox, self._outbox),
+                daemon=True,
+                name=f"stoker-worker-{wid}",
+            )
+            t.start()
+            self._inboxes.append(inbox)
+            self._threads.append(t)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the pool can still serve tasks."""
+        return not self._closed
+
+    def start(self, count: int | None = None) -> None:
+        """Nothing to do: the threads run from construction."""
+
+    pending_start = False
+    lazy_start = False
+
+    def is_started(self, wid: int) -> bool:
+        """Always: threads start at construction."""
+        return True
+
+    def describe(self, wid: int) -> str:
+        """'worker thread 1'."""
+        return f"worker thread {wid}"
+
+    def send(self, wid: int, msg: Any) -> None:
+        """Queue a task for thread ``wid``."""
+        self._inboxes[wid].put(msg)
+
+    def flush_freed(self) -> None:
+        """Nothing to free: batches are ordinary objects."""
+
+    def take_freed(self, wid: int) -> list[int]:
+        """Nothing to free: batches are ordinary objects."""
+        return []
+
+    def get(self, timeout_s: float) -> tuple[int, Any] | None:
+        """The next (worker id, message), or None after ``timeout_s``."""
+        try:
+            return self._outbox.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def decode(self, wid: int, msg: tuple[Any, ...]) -> Any:
+        """The batch object of an "ok" message."""
+        return msg[4]
+
+    def shutdown(self, grace_s: float = _STOP_GRACE_S) -> None:
+        """Stop every thread; a thread stuck in user code is left to finish as a daemon.
+
+        Args:
+            grace_s: how long to wait for the threads to stop.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for inbox in self._inboxes:
+            inbox.put(None)
+        deadline = time.monotonic() + grace_s
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))

@@ -1,0 +1,403 @@
+"""Shared-memory segments: the per-worker arena of reusable slots, and the main side's maps.
+
+A worker owns an :class:`Arena`. Each slot is one POSIX shared-memory segment named
+``stoker_<owner pid>_<loader token>_<worker id>_<sequence>``, where the owner is the main
+process. Collate writes a batch straight into a slot through :meth:`Arena.alloc`; the main
+process maps the segment once (:class:`SegmentMaps`), *unlinks its name at once* (the
+mapping keeps the memory; nothing is left in ``/dev/shm`` to leak), and hands out views.
+When the last view of a batch dies, the slot id travels back to the worker, which reuses
+the slot for a later batch.
+
+Who calls what:
+
+- worker process: ``Arena.begin`` -> collate (``Arena.alloc``) -> the transport places the
+  leaves (``Arena.place``) -> ``Arena.finish``; ``Arena.release`` with the slot ids the main
+  process returned; ``Arena.close`` on exit (unlinks any name not yet unlinked).
+- main process: ``SegmentMaps.view`` per batch; ``sweep_dead_owners`` when a loader starts
+  workers; ``unlink_prefix`` after a worker had to be killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import mmap
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stoker.errors import SharedMemoryError
+
+try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
+    import _posixshmem  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
+
+SHM_DIR = "/dev/shm"
+NAME_PREFIX = "stoker_"
+ALIGN = 64
+"""Leaves start on 64-byte boundaries (cache lines; enough for every dtype and SIMD)."""
+_PAGE = mmap.PAGESIZE
+_FIRST_SLOT_HEADROOM = 64 * 1024
+_SPARE_JOIN_TIMEOUT_S = 60.0
+"""How long a batch waits for a slot that a helper thread is making."""
+# Map slots with their pages already in place: the worker writes every byte of a slot, and
+# one populate call is far cheaper than a page fault per 4 KiB.
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _round_up(n: int, to: int) -> int:
+    """``n`` rounded up to a multiple of ``to``.
+
+    >>> _round_up(65, 64), _round_up(64, 64), _round_up(0, 64)
+    (128, 64, 0)
+    """
+    return -(-n // to) * to
+
+
+def segment_prefix(owner_pid: int, token: str, worker_id: int) -> str:
+    """The name prefix of one worker's segments.
+
+    >>> segment_prefix(12, "ab", 3)
+    'stoker_12_ab_3_'
+    """
+    return f"{NAME_PREFIX}{owner_pid}_{token}_{worker_id}_"
+
+
+def shm_free_bytes() -> int | None:
+    """Bytes free in ``/dev/shm`` (None where there is no such directory)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _shm_error(needed: int, window: str) -> SharedMemoryError:
+    free = shm_free_bytes()
+    free_text = f"{free:,} bytes are free" if free is not None else "free space unknown"
+    return SharedMemoryError(
+        f"shared memory ({SHM_DIR}) must hold the batches in flight, but a slot of "
+        f"{needed:,} bytes does not fit ({free_text}; the prefetch window needs about "
+        f"{window}). Fix: give the container more shared memory (docker run --shm-size=8g, "
+        "or a larger /dev/shm), or use fewer workers, a smaller prefetch_factor or "
+        "batch_size, or worker_mode='thread'."
+    )
+
+
+def _unlink(name: str) -> None:
+    if _posixshmem is None:  # pragma: no cover
+        return
+    with contextlib.suppress(FileNotFoundError):
+        _posixshmem.shm_unlink("/" + name)
+
+
+@dataclass
+class Slot:
+    """One segment of a worker's arena (worker side)."""
+
+    id: int
+    name: str
+    size: int
+    mm: mmap.mmap
+    buf: np.ndarray[Any, Any]
+    addr: int
+    used: int = 0
+
+
+@dataclass
+class Arena:
+    """A worker's reusable shared-memory slots (used in the worker process only).
+
+    Args:
+        prefix: the segment name prefix (:func:`segment_prefix`).
+        keep_free: free slots kept for reuse; more are retired (memory bound).
+        window: how many slots the whole loader keeps in flight, for error messages.
+    """
+
+    prefix: str
+    keep_free: int
+    window: int = 1
+    slots: dict[int, Slot] = field(default_factory=dict)
+    free: list[int] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    hint: int = 0
+    current: Slot | None = None
+    overflow: int = 0
+    _seq: int = 0
+    _spare: _SpareSlot | None = None
+
+    # -- a batch's life ----------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Pick the slot the next batch is written into (none before the first batch).
+
+        When no free slot is left after that, the next one is made in a background thread
+        while this batch is fetched: a fresh slot costs page faults (about 0.5 ms per MiB
+        on a busy VM) that would otherwise delay the batch after this one.
+        """
+        self.overflow = 0
+        self.current = self._take(self.hint) if self.hint else None
+        if self.hint and not self.free and self._spare is None:
+            # Known to close() before its thread runs, even if a signal interrupts start().
+            self._spare = _SpareSlot(self, self.hint)
+            self._spare.start()
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """Memory for one collated leaf: in the current slot, or private when it is full."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self.current is None and self.hint == 0 and nbytes:
+            # The first batch of this worker: its size is unknown until collate ends, so
+            # guess from its first leaf; a wrong guess costs one copy (see encode()).
+            self.current = self._create(nbytes + nbytes // 4 + _FIRST_SLOT_HEADROOM)
+        view = self.bump(nbytes)
+        if view is None:
+            self.overflow += _round_up(nbytes, ALIGN)
+            return np.empty(shape, dtype)
+        return view.view(dtype).reshape(shape)
+
+    def bump(self, nbytes: int) -> np.ndarray[Any, Any] | None:
+        """``nbytes`` of the current slot as a uint8 array, or None when they do not fit."""
+        slot = self.current
+        if slot is None or slot.used + nbytes > slot.size:
+            return None
+        start = slot.used
+        slot.used = _round_up(start + nbytes, ALIGN)
+        return slot.buf[start : start + nbytes]
+
+    def offset_of(self, addr: int, nbytes: int) -> int | None:
+        """The offset of memory at ``addr`` inside the current slot, or None if outside."""
+        slot = self.current
+        if slot is None or not slot.addr <= addr or addr + nbytes > slot.addr + slot.used:
+            return None
+        return addr - slot.addr
+
+    def regrow(self, needed: int) -> None:
+        """Replace the current slot by one of at least ``needed`` bytes (empty)."""
+        self.hint = max(self.hint, _round_up(needed + needed // 8, _PAGE))
+        if self.current is not None:
+            self._give_back(self.current.id)
+        self.current = self._take(self.hint)
+
+    def finish(self) -> tuple[int, str, int] | None:
+        """The current slot's (id, name, size), now owned by the main process, or None."""
+        slot, self.current = self.current, None
+        if slot is None:
+            return None
+        self.hint = max(self.hint, _round_up(slot.used, _PAGE))
+        return slot.id, slot.name, slot.size
+
+    def abort(self) -> None:
+        """Give the current slot back after a failed batch."""
+        if self.current is not None:
+            self._give_back(self.current.id)
+        self.current = None
+
+    def release(self, slot_ids: list[int]) -> None:
+        """Slots whose views all died in the main process are free again."""
+        for sid in slot_ids:
+            if sid in self.slots:
+                self._give_back(sid)
+
+    def take_retired(self) -> list[str]:
+        """Names of segments retired since the last call (the main side drops its maps)."""
+        out, self.retired = self.retired, []
+        return out
+
+    def close(self) -> None:
+        """Unmap every slot and unlink every name (names the main side unlinked are gone)."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.cancel()
+        for name in self.names:
+            _unlink(name)
+        self.names.clear()
+        self.slots.clear()
+        self.free.clear()
+        self.current = None
+
+    # -- slots -------------------------------------------------------------------------
+
+    def _take(self, size: int) -> Slot:
+        while self.free:
+            slot = self.slots[self.free.pop()]
+            if slot.size >= size:
+                slot.used = 0
+                return slot
+            self._retire(slot.id)
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            slot = spare.result()
+            self.slots[slot.id] = slot
+            if slot.size >= size:
+                return slot
+            self._retire(slot.id)
+        return self._create(size)
+
+    def _give_back(self, sid: int) -> None:
+        slot = self.slots[sid]
+        if slot.size < self.hint or len(self.free) >= self.keep_free:
+            self._retire(sid)
+        else:
+            self.free.append(sid)
+
+    def _retire(self, sid: int) -> None:
+        slot = self.slots.pop(sid)
+        _unlink(slot.name)
+        self.names.discard(slot.name)
+        self.retired.append(slot.name)
+
+    def _create(self, size: int) -> Slot:
+        slot = self._make(*self._next_name(size))
+        self.slots[slot.id] = slot
+        return slot
+
+    def _next_name(self, size: int) -> tuple[int, str, int]:
+        self._seq += 1
+        name = f"{self.prefix}{self._seq}"
+        # Known before the segment exists: a signal during creation cannot leak it.
+        self.names.add(name)
+        return self._seq, name, max(_round_up(size, _PAGE), _PAGE)
+
+    def _make(self, sid: int, name: str, size: int) -> Slot:
+        """Create, reserve and map one segment (safe to run in a helper thread)."""
+        if _posixshmem is None:  # pragma: no cover
+            raise SharedMemoryError("process workers need POSIX shared memory.")
+        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            try:
+                # Reserve the pages now: tmpfs otherwise over-commits, and the first write
+                # beyond /dev/shm's size kills the worker with SIGBUS (PyTorch issue 5040).
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                _unlink(name)
+                if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
+                    raise _shm_error(size, f"{self.window} x {size:,} bytes") from None
+                raise
+            mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+        finally:
+            os.close(fd)
+        buf = np.frombuffer(mm, np.uint8)
+        return Slot(sid, name, size, mm, buf, buf.ctypes.data)
+
+
+class _SpareSlot:
+    """A slot being made in a helper thread of the worker (see :meth:`Arena.begin`)."""
+
+    def __init__(self, arena: Arena, size: int) -> None:
+        self.sid, self.name, size = arena._next_name(size)
+        self._slot: Slot | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(arena, size), name="stoker-spare-slot", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start making the slot."""
+        self._thread.start()
+
+    def _run(self, arena: Arena, size: int) -> None:
+        try:
+            self._slot = arena._make(self.sid, self.name, size)
+        except BaseException as exc:
+            self._error = exc
+
+    def result(self) -> Slot:
+        """The slot, once made (re-raises the helper's error, e.g. SharedMemoryError)."""
+        self._thread.join(_SPARE_JOIN_TIMEOUT_S)
+        if self._error is not None:
+            raise self._error
+        if self._slot is None:
+            raise SharedMemoryError(
+                f"creating a shared-memory slot took over {_SPARE_JOIN_TIMEOUT_S:g} s."
+            )
+        return self._slot
+
+    def cancel(self) -> None:
+        """Wait for the helper (bounded) and unlink what it made."""
+        with contextlib.suppress(RuntimeError):  # never started
+            self._thread.join(_SPARE_JOIN_TIMEOUT_S)
+        _unlink(self.name)
+
+
+class SegmentMaps:
+    """The main process's maps of one worker's segments, by name (main process only)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def view(self, name: str, size: int) -> np.ndarray[Any, Any]:
+        """A fresh uint8 array over the whole segment ``name``; its ``base`` is new too.
+
+        The first call maps the segment and unlinks its name, so nothing remains in
+        ``/dev/shm`` once the main process holds it.
+        """
+        mm = self._maps.get(name)
+        if mm is None:
+            if _posixshmem is None:  # pragma: no cover
+                raise SharedMemoryError("process workers need POSIX shared memory.")
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0o600)
+            try:
+                mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            _unlink(name)
+            self._maps[name] = mm
+        return np.frombuffer(mm, np.uint8)
+
+    def drop(self, names: list[str]) -> None:
+        """Forget retired segments (views still alive keep their memory)."""
+        for name in names:
+            self._maps.pop(name, None)
+
+    def clear(self) -> None:
+        """Forget every segment."""
+        self._maps.clear()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead_owners() -> int:
+    """Unlink stoker segments whose owner process is dead; returns how many.
+
+    A main process killed with SIGKILL together with its workers cannot clean up; the
+    next loader on the machine does.
+    """
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    swept = 0
+    for name in names:
+        if not name.startswith(NAME_PREFIX):
+            continue
+        pid_text = name[len(NAME_PREFIX) :].split("_", 1)[0]
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            _unlink(name)
+            swept += 1
+    return swept
+
+
+def unlink_prefix(prefix: str) -> None:
+    """Unlink every segment whose name starts with ``prefix`` (after a worker was killed)."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            _unlink(name)

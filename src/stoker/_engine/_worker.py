@@ -1,0 +1,321 @@
+"""The worker loop: seeding, worker info, fetching tasks and sending results back.
+
+:func:`process_worker` is the entry point of a worker process (module level, picklable
+arguments only, so spawn and forkserver work); :func:`thread_worker` runs the same loop in a
+thread of the main process with the in-process transport.
+
+Messages, main -> worker: ``(generation, index, task, seed, freed_slot_ids)``, a list of
+freed slot ids, or ``None`` (stop). Worker -> main:
+``("ok", generation, index, slot, payload, retired_segments)``,
+``("end", generation, index)`` (an iterable dataset is exhausted) or
+``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
+``("err", -1, -1, RemoteError)`` when start-up failed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import random
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.random  # loaded once here, not in each new worker (~8 ms each)
+
+from stoker import _torch
+from stoker._engine._pin import pin
+from stoker._engine._shm import Arena
+from stoker._engine._transport import RemoteError, encode
+from stoker._fetch import IterableFetcher, MapFetcher
+from stoker._random import seed_globals
+from stoker._worker_info import WorkerInfo, set_worker_info
+
+_PR_SET_PDEATHSIG = 1
+_INDICES_SHOWN = 16
+
+
+class RngGuard:
+    """Keeps thread workers deterministic when a dataset draws from the global RNGs.
+
+    Threads share Python's ``random``, NumPy's global RNG and torch's, so a batch can only
+    get its own (seed, epoch, k) stream if no other thread draws meanwhile. The first batch
+    is fetched under the lock and tells whether the dataset draws at all: if it does, every
+    batch is seeded and fetched under the lock (thread workers then fetch one at a time;
+    use process workers for parallel augmentation); if not, threads fetch in parallel.
+    One lock for the whole process, since the RNGs are process-wide.
+    """
+
+    lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.serial: bool | None = None  # None until the first batch tells
+
+    def fetch(self, fetch: Callable[[Any], Any], task: Any, seed: int) -> Any:
+        """``fetch(task)`` with the global RNGs seeded from ``seed`` for it alone."""
+        if self.serial is False:
+            return fetch(task)
+        with self.lock:
+            seed_globals(seed)
+            if self.serial is not None:
+                return fetch(task)
+            before = _rng_states()
+            data = fetch(task)
+            self.serial = _rng_states() != before
+            return data
+
+
+def _rng_states() -> tuple[Any, ...]:
+    np_state: Any = np.random.get_state()
+    torch = _torch.loaded()
+    return (
+        random.getstate(),
+        np_state[1].tobytes(),
+        np_state[2],
+        bytes(torch.default_generator.get_state().numpy()) if torch is not None else None,
+    )
+
+
+@dataclass
+class WorkerArgs:
+    """Everything a worker needs; picklable (spawn / forkserver send it to the worker).
+
+    Attributes:
+        worker_id: the worker's index.
+        num_workers: how many workers the loader runs.
+        seed: the worker's seed (the iterator's base seed + ``worker_id``).
+        fetcher: the loader's fetcher (dataset and collate function).
+        worker_init_fn: the user's hook, called with ``worker_id`` after seeding.
+        prefix: the worker's shared-memory segment name prefix.
+        keep_free: free slots the worker keeps for reuse.
+        window: slots in flight for the whole loader (for error messages).
+        import_torch: import torch in the worker (the main process had it imported).
+        pin_device: pin batches in the worker (thread workers only).
+        rng_guard: the guard shared by a pool's thread workers (threads only).
+    """
+
+    worker_id: int
+    num_workers: int
+    seed: int
+    fetcher: MapFetcher | IterableFetcher
+    worker_init_fn: Callable[[int], None] | None
+    prefix: str = ""
+    keep_free: int = 3
+    window: int = 1
+    import_torch: bool = False
+    pin_device: str | None = None
+    rng_guard: RngGuard | None = None
+
+
+def _where(args: WorkerArgs, task: Any) -> str:
+    text = f"worker {args.worker_id} (pid {os.getpid()})"
+    if task is None:
+        return text
+    if isinstance(task, np.ndarray):
+        task = task.tolist()
+    if isinstance(task, list) and len(task) > _INDICES_SHOWN:
+        shown = ", ".join(map(str, task[:_INDICES_SHOWN]))
+        return f"{text} on sample indices [{shown}, ...] ({len(task)} in all)"
+    return f"{text} on sample indices {task}"
+
+
+def _set_torch_worker_info(info: WorkerInfo) -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer too (datasets shard with it)."""
+    torch = _torch.loaded()
+    if torch is None:
+        return
+    torch.set_num_threads(1)
+    with contextlib.suppress(Exception):  # torch's private layout may change
+        worker = torch.utils.data._utils.worker
+        worker._worker_info = worker.WorkerInfo(
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+        )
+
+
+def _start(args: WorkerArgs, whole_process: bool) -> None:
+    info = WorkerInfo(args.worker_id, args.num_workers, args.seed, args.fetcher.dataset)
+    set_worker_info(info, whole_process=whole_process)
+    if whole_process:
+        if args.import_torch:
+            _torch.require("a worker of a process that uses torch")
+        _set_torch_worker_info(info)
+        seed_globals(args.seed, every_device=True)
+    if args.worker_init_fn is not None:
+        args.worker_init_fn(args.worker_id)
+
+
+def _reset_fetcher(fetcher: MapFetcher | IterableFetcher) -> None:
+    if isinstance(fetcher, IterableFetcher):
+        fetcher._it = None
+        fetcher.ended = False
+
+
+class _ParentDied(BaseException):
+    """Raised in a worker by the parent-death signal; unwinds to the cleanup."""
+
+
+def _watch_parent() -> None:
+    """Get SIGUSR2 when the parent dies (Linux prctl PR_SET_PDEATHSIG), and exit on it.
+
+    The signal also fires when the parent *thread* that started the worker exits, so the
+    handler checks that the parent process really changed before unwinding.
+    """
+    parent = os.getppid()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if os.getppid() != parent:
+            raise _ParentDied
+
+    signal.signal(signal.SIGUSR2, on_signal)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGUSR2), 0, 0, 0)
+    if os.getppid() != parent:  # died before prctl took effect
+        raise _ParentDied
+
+
+def process_worker(args: WorkerArgs, conn: Any) -> None:
+    """A worker process's main function: start up, then serve tasks until told to stop.
+
+    Args:
+        args: the worker's settings (see :class:`WorkerArgs`).
+        conn: this worker's end of its own duplex pipe to the main process.
+    """
+    # Ctrl-C reaches the whole process group; the main process decides and stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    arena = Arena(args.prefix, args.keep_free, args.window)
+    try:
+        _watch_parent()
+        try:
+            _start(args, whole_process=True)
+        except Exception as exc:
+            conn.send(("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up")))
+            return
+        conn.send(("ready", -1, -2))
+        _serve(args, conn, arena)
+    except (_ParentDied, EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process is gone: clean up below and exit quietly
+    finally:
+        # An idle worker sees end-of-file *and* gets the parent-death signal: the signal
+        # must not interrupt the cleanup it would trigger.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        arena.close()
+
+
+def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
+    fetcher = args.fetcher
+    iterable = isinstance(fetcher, IterableFetcher)
+    generation = None
+    pending: collections.deque[Any] = collections.deque()
+    while True:
+        # Read everything already sent before taking a slot: free-slot notices sent after
+        # queued tasks then count before the next batch (no new slot for nothing).
+        while not pending or conn.poll():
+            msg = conn.recv()
+            if msg is None:
+                return
+            if type(msg) is list:
+                arena.release(msg)
+            else:
+                pending.append(msg)
+        gen, index, task, seed, freed = pending.popleft()
+        if freed:
+            arena.release(freed)
+        if gen != generation:
+            generation = gen
+            _reset_fetcher(fetcher)
+        if iterable and fetcher.ended:  # type: ignore[union-attr]
+            conn.send(("end", gen, index))
+            continue
+        seed_globals(seed)
+        arena.begin()
+        try:
+            data = fetcher.fetch(task, alloc=arena.alloc)
+            slot, payload = encode(data, arena)
+            del data
+        except StopIteration:
+            arena.abort()
+            if not iterable:
+                conn.send(("err", gen, index, _stop_iteration_error(args, task)))
+            else:
+                conn.send(("end", gen, index))
+            continue
+        except Exception as exc:
+            arena.abort()
+            conn.send(("err", gen, index, RemoteError(exc, _where(args, task))))
+            continue
+        conn.send(("ok", gen, index, slot, payload, arena.take_retired()))
+
+
+def _stop_iteration_error(args: WorkerArgs, task: Any) -> RemoteError:
+    err = RuntimeError("a map-style dataset raised StopIteration while fetching a batch.")
+    return RemoteError(err, _where(args, task))
+
+
+def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
+    """A worker thread: the same loop as a process, passing batch objects (in-process).
+
+    Args:
+        args: the worker's settings.
+        inbox: a ``queue.SimpleQueue`` of tasks (``None`` stops the thread).
+        outbox: the queue shared by all threads, of ``(worker_id, message)``.
+    """
+    wid = args.worker_id
+    fetcher = args.fetcher
+    iterable = isinstance(fetcher, IterableFetcher)
+    generation = None
+    try:
+        _start(args, whole_process=False)
+    except Exception as exc:
+        where = f"worker thread {wid} start-up"
+        outbox.put((wid, ("err", -1, -1, RemoteError(exc, where, keep_object=True))))
+        return
+    outbox.put((wid, ("ready", -1, -2)))
+    try:
+        while True:
+            msg = inbox.get()
+            if msg is None:
+                return
+            gen, index, task, seed, _freed = msg
+            if gen != generation:
+                generation = gen
+                _reset_fetcher(fetcher)
+            if iterable and fetcher.ended:  # type: ignore[union-attr]
+                outbox.put((wid, ("end", gen, index)))
+                continue
+            try:
+                assert args.rng_guard is not None
+                data = args.rng_guard.fetch(fetcher.fetch, task, seed)
+                if args.pin_device is not None:
+                    data = pin(data, args.pin_device)
+            except StopIteration:
+                reply: tuple[Any, ...] = ("end", gen, index)
+                if not iterable:
+                    err = _stop_iteration_error(args, task)
+                    err.exc = RuntimeError(err.text)
+                    reply = ("err", gen, index, err)
+                outbox.put((wid, reply))
+                continue
+            except Exception as exc:
+                where = f"worker thread {wid} on sample indices {_task_text(task)}"
+                outbox.put((wid, ("err", gen, index, RemoteError(exc, where, keep_object=True))))
+                continue
+            outbox.put((wid, ("ok", gen, index, None, data, None)))
+    finally:
+        set_worker_info(None, whole_process=False)
+
+
+def _task_text(task: Any) -> str:
+    if isinstance(task, np.ndarray):
+        task = task.tolist()
+    if isinstance(task, list) and len(task) > _INDICES_SHOWN:
+        return f"[{', '.join(map(str, task[:_INDICES_SHOWN]))}, ...] ({len(task)} in all)"
+    return str(task)

@@ -1,0 +1,131 @@
+"""Loader checkpoints: how far an epoch has come, and the small state that resumes it.
+
+Batch ``k`` of epoch ``e`` is computed from (seed, e, k) alone (the sampler's order from
+its own (seed, e), the batch's augmentations from a seed mixed from all three), so a
+checkpoint is a handful of counters: no data, no RNG dumps. It is JSON-serialisable::
+
+    {"version": 1, "seed": 123, "epoch": 4, "delivered": 17, "delivered_beyond": [],
+     "sampler": {...}, "dataset": None}
+
+``delivered`` counts the batches of ``epoch`` handed to the training loop (with
+``in_order=False``, ``delivered_beyond`` lists the ones delivered ahead of that prefix).
+``sampler`` is the batch sampler's state *before* the epoch was drawn, so loading it
+draws the same epoch again; the delivered batches are then skipped without being fetched.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+STATE_VERSION = 1
+_KEYS = ("version", "seed", "epoch", "delivered", "delivered_beyond", "sampler", "dataset")
+
+
+class Epoch:
+    """One epoch as an iterator runs it, and which of its batches reached the user.
+
+    Made by ``DataLoader._start_epoch`` in the thread that iterates; the iterator takes
+    ``(k, task)`` pairs from :attr:`tasks` (``k`` the batch index within the epoch, which
+    with the seed and epoch number fixes the batch's augmentations), runs them, and asks
+    :meth:`deliver` before handing each batch out.
+
+    Resuming skips the batches delivered before the checkpoint: map-style tasks are not
+    even fetched; an iterable dataset's are fetched again (its data comes in order) and
+    :meth:`deliver` drops them.
+
+    Attributes:
+        number: the epoch ``e``.
+        seed: the loader's base seed.
+        tasks: ``(k, task)`` pairs still to run.
+        sampler_state: the batch sampler's state before this epoch was drawn, or None.
+    """
+
+    def __init__(
+        self,
+        number: int,
+        seed: int,
+        tasks: Iterator[Any],
+        sampler_state: dict[str, Any] | None,
+        *,
+        delivered: int = 0,
+        delivered_beyond: frozenset[int] = frozenset(),
+        refetch: bool = False,
+    ) -> None:
+        self.number = number
+        self.seed = seed
+        self.sampler_state = sampler_state
+        self.prefix = delivered
+        self.beyond = set(delivered_beyond)
+        self.finished = False
+        numbered: Iterator[tuple[int, Any]] = enumerate(tasks)
+        if not refetch and (delivered or delivered_beyond):
+            numbered = itertools.islice(numbered, delivered, None)
+            if delivered_beyond:
+                numbered = ((k, t) for k, t in numbered if k not in delivered_beyond)
+        self.tasks: Iterator[tuple[int, Any]] = numbered
+
+    def deliver(self, k: int) -> bool:
+        """Record that batch ``k`` reaches the user; False if it did before a checkpoint."""
+        if k < self.prefix or k in self.beyond:
+            return False
+        if k != self.prefix:
+            self.beyond.add(k)
+            return True
+        self.prefix += 1
+        while self.prefix in self.beyond:
+            self.beyond.remove(self.prefix)
+            self.prefix += 1
+        return True
+
+    def finish(self) -> None:
+        """Record that every batch of the epoch was delivered."""
+        self.finished = True
+
+
+def check_state(sd: object) -> dict[str, Any]:
+    """Validate a loader state; returns it as a dict.
+
+    Raises:
+        TypeError: ``sd`` is not a mapping, or a field has the wrong type.
+        ValueError: keys are missing or unknown, the version differs, or a count is
+            negative.
+    """
+    if not isinstance(sd, Mapping):
+        raise TypeError(
+            f"load_state_dict expects the dict returned by DataLoader.state_dict(), got "
+            f"{type(sd).__name__}."
+        )
+    missing = [k for k in _KEYS if k not in sd]
+    unknown = sorted(set(sd) - set(_KEYS))
+    if missing or unknown:
+        raise ValueError(
+            f"DataLoader state must have exactly the keys {list(_KEYS)}; missing {missing}, "
+            f"unknown {unknown}. Pass the dict that DataLoader.state_dict() returned."
+        )
+    if sd["version"] != STATE_VERSION:
+        raise ValueError(
+            f"DataLoader state has version {sd['version']!r}, this stoker reads version "
+            f"{STATE_VERSION}: resume with the stoker release that saved it."
+        )
+    for key in ("seed", "epoch", "delivered"):
+        value = sd[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"DataLoader state field {key!r} must be an int, got {value!r}.")
+        if value < 0:
+            raise ValueError(f"DataLoader state field {key!r} must be >= 0, got {value}.")
+    beyond = sd["delivered_beyond"]
+    if not isinstance(beyond, (list, tuple)) or not all(
+        isinstance(k, int) and k > sd["delivered"] for k in beyond
+    ):
+        raise ValueError(
+            "DataLoader state field 'delivered_beyond' must be a list of batch indices "
+            f"greater than delivered={sd['delivered']}, got {beyond!r}."
+        )
+    if sd["sampler"] is not None and not isinstance(sd["sampler"], Mapping):
+        raise TypeError(
+            f"DataLoader state field 'sampler' must be a dict or None, got "
+            f"{type(sd['sampler']).__name__}."
+        )
+    return dict(sd)

@@ -1,0 +1,270 @@
+"""The worker engine's behaviour: order, prefetch, persistence, seeding, worker info, data.
+
+Each property runs on thread workers (the in-process transport) and fork workers (the
+shared-memory transport); a few run once under spawn.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stoker import DataLoader, IterableDataset, TensorDataset, get_worker_info
+from stoker._engine import _multi
+from stoker._engine._shm import Arena, SegmentMaps
+from stoker._engine._transport import decode, encode
+
+MODES = [
+    pytest.param({"worker_mode": "thread"}, id="thread"),
+    pytest.param({"multiprocessing_context": "fork"}, id="fork"),
+]
+SPAWN = pytest.param({"multiprocessing_context": "spawn"}, id="spawn")
+FORKSERVER = pytest.param({"multiprocessing_context": "forkserver"}, id="forkserver")
+
+Pair = namedtuple("Pair", ["x", "label"])
+
+
+class Nested:
+    """Samples with nested structure: dicts, tuples, strings, numbers and arrays."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> Any:
+        return {"img": np.full((2, 3), i, np.float32), "meta": (f"n{i}", i * 0.5), "i": i}
+
+
+class WhoAmI:
+    """Each sample records the worker that fetched it and its RNG draws."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        assert info is not None
+        return np.array(
+            [i, info.id, info.num_workers, random.randrange(10**6), np.random.randint(10**6)]
+        )
+
+
+class Shards(IterableDataset):
+    """An iterable dataset that shards itself with get_worker_info(), as torch users do."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter(range(wid, self.n, nw))
+
+
+class TorchShards(IterableDataset):
+    """Shards itself with torch.utils.data.get_worker_info() (a dataset written for torch)."""
+
+    def __iter__(self) -> Any:
+        import torch.utils.data as tud
+
+        info = tud.get_worker_info()
+        assert info is not None, "torch.utils.data.get_worker_info() answered None"
+        return iter(range(info.id, 12, info.num_workers))
+
+
+def _labels(batches: list[Any]) -> list[int]:
+    return [int(v) for b in batches for v in np.asarray(b[1])]
+
+
+def _data(n: int = 50) -> TensorDataset:
+    return TensorDataset(np.arange(n * 3, dtype=np.float32).reshape(n, 3), np.arange(n))
+
+
+@pytest.mark.parametrize("kw", [*MODES, SPAWN, FORKSERVER])
+def test_batches_match_in_process_loading(kw: dict[str, Any]) -> None:
+    """Workers deliver the same batches, in sampler order, as num_workers=0."""
+    ds = _data()
+    ref = list(DataLoader(ds, batch_size=7))
+    got = list(DataLoader(ds, batch_size=7, num_workers=2, **kw))
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+        assert a[0].dtype == np.float32 and a[1].dtype == b[1].dtype
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_nested_batches_cross_intact(kw: dict[str, Any]) -> None:
+    """Dicts, tuples, strings and numbers come through; arrays keep dtype and shape."""
+    got = list(DataLoader(Nested(), batch_size=4, num_workers=2, **kw))
+    ref = list(DataLoader(Nested(), batch_size=4))
+    for a, b in zip(got, ref, strict=True):
+        assert a.keys() == b.keys()
+        assert np.array_equal(a["img"], b["img"]) and a["img"].shape == (4, 2, 3)
+        assert list(a["meta"][0]) == list(b["meta"][0])
+        assert np.array_equal(a["meta"][1], b["meta"][1])
+        assert np.array_equal(a["i"], b["i"])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("kw", MODES)
+def test_in_order_false_delivers_every_batch(kw: dict[str, Any]) -> None:
+    """in_order=False delivers each batch exactly once."""
+    got = DataLoader(_data(), batch_size=5, num_workers=3, in_order=False, **kw)
+    assert sorted(_labels(list(got))) == list(range(50))
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_persistent_workers_survive_epochs(kw: dict[str, Any]) -> None:
+    """persistent_workers keeps the same workers; each epoch is complete; break is fine."""
+    loader = DataLoader(_data(), batch_size=5, num_workers=2, persistent_workers=True, **kw)
+    first = iter(loader)
+    pool = first._pool
+    next(first)  # abandon this epoch early
+    for _ in range(3):
+        assert _labels(list(loader)) == list(range(50))
+    assert iter(loader)._pool is pool
+    del loader, first, pool
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_worker_info_and_distinct_seeds(kw: dict[str, Any]) -> None:
+    """get_worker_info() names each worker; every batch draws different random numbers."""
+    rows = np.concatenate(list(DataLoader(WhoAmI(), batch_size=2, num_workers=2, **kw)))
+    assert rows[:, 0].tolist() == list(range(16))
+    assert set(rows[:, 1].tolist()) <= {0, 1} and set(rows[:, 2].tolist()) == {2}
+    if kw.get("worker_mode") != "thread":  # threads share the process's global RNGs
+        assert len(set(rows[:, 3].tolist())) == 16
+        assert len(set(rows[:, 4].tolist())) == 16
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_seeded_augmentations_do_not_depend_on_workers() -> None:
+    """With a seed, random draws per batch are identical for 1, 2 or 3 workers."""
+    runs = [
+        np.concatenate(list(DataLoader(WhoAmI(), batch_size=2, num_workers=n, generator=7)))[
+            :, [0, 3, 4]
+        ]
+        for n in (1, 2, 3)
+    ]
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("kw", MODES)
+def test_iterable_dataset_sharded_per_worker(kw: dict[str, Any]) -> None:
+    """Each worker iterates its own copy; shards via get_worker_info give every item once."""
+    got = list(DataLoader(Shards(23), batch_size=4, num_workers=3, **kw))
+    assert sorted(int(v) for b in got for v in b) == list(range(23))
+
+
+def test_iterable_drop_last_applies_per_worker_copy() -> None:
+    """drop_last drops each worker's own short last batch, as torch does."""
+    got = list(DataLoader(Shards(10), batch_size=4, num_workers=2, drop_last=True))
+    assert all(len(b) == 4 for b in got) and len(got) == 2
+
+
+def test_torch_get_worker_info_answers_in_stoker_workers() -> None:
+    """A dataset that shards with torch.utils.data.get_worker_info() is not duplicated."""
+    pytest.importorskip("torch")
+    got = list(DataLoader(TorchShards(), batch_size=3, num_workers=2))
+    assert sorted(int(v) for b in got for v in b) == list(range(12))
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_torch_tensors_come_back_as_tensors(kw: dict[str, Any]) -> None:
+    """Tensor datasets give torch tensors equal to torch's own DataLoader's."""
+    torch = pytest.importorskip("torch")
+    x, y = torch.arange(60.0).reshape(20, 3), torch.arange(20)
+    got = list(DataLoader(TensorDataset(x, y), batch_size=6, num_workers=2, **kw))
+    ref = list(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=6))
+    for a, b in zip(got, ref, strict=True):
+        assert isinstance(a[0], torch.Tensor) and torch.equal(a[0], b[0])
+        assert torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_custom_collate_and_worker_init_fn(kw: dict[str, Any]) -> None:
+    """A user collate_fn's arrays are copied into shared memory; worker_init_fn runs."""
+    loader = DataLoader(
+        _data(12),
+        batch_size=4,
+        num_workers=2,
+        collate_fn=_sum_collate,
+        worker_init_fn=_mark_init,
+        **kw,
+    )
+    got = list(loader)
+    assert [int(b["sum"]) for b in got] == [6, 22, 38]
+    assert all(b["init"] for b in got)
+
+
+_INIT: dict[int, bool] = {}
+
+
+def _mark_init(wid: int) -> None:
+    _INIT[wid] = True
+
+
+def _sum_collate(samples: list[Any]) -> Any:
+    return {"sum": np.array(sum(int(s[1]) for s in samples)), "init": bool(_INIT)}
+
+
+def test_slots_are_reused_not_grown() -> None:
+    """Over many batches a worker keeps a bounded number of slots (prefetch + a few)."""
+    loader = DataLoader(_data(400), batch_size=4, num_workers=1, persistent_workers=True)
+    for _ in range(2):
+        for _batch in loader:
+            pass
+    arena_segments = loader._iterator._pool.workers[0].maps._maps
+    assert 1 <= len(arena_segments) <= 6  # prefetch 2 + held + in transit
+    del loader, arena_segments
+
+
+def test_encode_decode_round_trip_and_slot_return() -> None:
+    """The transport rebuilds arrays as views of the slot, and frees it with the last view."""
+    arena = Arena(f"stoker_{os.getpid()}_unit_0_", keep_free=2)
+    maps = SegmentMaps()
+    freed: list[int] = []
+    try:
+        arena.begin()
+        batch = {"a": np.arange(10.0), "b": [np.ones((2, 2), np.int8), "text", 3]}
+        slot, payload = encode(batch, arena)
+        out = decode(slot, payload, maps, freed.append)
+        assert np.array_equal(out["a"], batch["a"]) and out["b"][1:] == ["text", 3]
+        assert out["b"][0].dtype == np.int8 and not out["a"].flags.owndata
+        assert slot is not None and freed == []
+        keep = out["a"][2:]
+        del out
+        assert freed == []
+        del keep
+        assert freed == [slot[0]]
+    finally:
+        arena.close()
+        maps.clear()
+
+
+def test_worker_count_warning_counts_available_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More process workers than usable CPUs warns; thread workers never do."""
+    monkeypatch.setattr(_multi, "available_cpus", lambda: 2)
+    with pytest.warns(UserWarning, match="2 CPUs"):
+        DataLoader(_data(), num_workers=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DataLoader(_data(), num_workers=3, worker_mode="thread")
+        DataLoader(_data(), num_workers=2)
+    assert 1 <= _multi.available_cpus() <= (os.cpu_count() or 1)
+
+
+@pytest.mark.multiprocess
+def test_bfloat16_tensor_dataset_through_workers() -> None:
+    """A dtype NumPy lacks (bfloat16) still travels: gathered in fresh memory, then copied."""
+    torch = pytest.importorskip("torch")
+    x = torch.arange(12, dtype=torch.bfloat16).reshape(6, 2)
+    loader = DataLoader(TensorDataset(x), batch_size=4, num_workers=1)
+    got = torch.cat([b[0] for b in loader])
+    assert got.dtype == torch.bfloat16 and torch.equal(got, x)

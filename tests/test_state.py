@@ -1,0 +1,166 @@
+"""Determinism and exact resume: same seed, same batches; a checkpoint resumes at the next batch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stoker import DataLoader, Dataset, IterableDataset
+
+MODES = [(0, "process"), (1, "process"), (2, "process"), (3, "process"), (2, "thread"),
+         (3, "thread")]  # fmt: skip
+MODE_IDS = [f"{n}{m[0]}" for n, m in MODES]
+
+
+class Noisy(Dataset[Any]):
+    """A map-style dataset whose samples draw from random, np.random and (if loaded) torch."""
+
+    def __init__(self, n: int = 40, use_torch: bool = False) -> None:
+        self.n = n
+        self.use_torch = use_torch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        x = np.float64(i) + random.random() + np.random.rand()
+        if self.use_torch:
+            import torch
+
+            x += float(torch.rand(()))
+        return np.float64(x)
+
+
+class Stream(IterableDataset):
+    """An iterable dataset that draws from np.random while it streams."""
+
+    def __init__(self, n: int = 30) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        for i in range(self.n):
+            yield np.float64(i) + np.random.rand()
+
+
+def digest(batches: list[Any]) -> list[str]:
+    """One hash per batch, of its bytes."""
+    return [hashlib.sha256(np.ascontiguousarray(np.asarray(b)).tobytes()).hexdigest()
+            for b in batches]  # fmt: skip
+
+
+def run(loader: DataLoader[Any], epochs: int = 2) -> list[str]:
+    return [h for _ in range(epochs) for h in digest(list(loader))]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("workers", "mode"), MODES, ids=MODE_IDS)
+def test_same_seed_same_batches_for_any_worker_count(workers: int, mode: str) -> None:
+    """Batches (augmentations included) are byte-identical for every num_workers and mode."""
+    torch = pytest.importorskip("torch")
+    del torch
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 7}
+    reference = run(DataLoader(Noisy(use_torch=True), **kw))
+    assert run(DataLoader(Noisy(use_torch=True), num_workers=workers, worker_mode=mode,
+                          **kw)) == reference  # fmt: skip
+
+
+@pytest.mark.parametrize("cut", [0, 1, 5, 9, 10])
+def test_resume_mid_epoch_in_process(cut: int) -> None:
+    """A checkpoint after `cut` batches resumes at the next one, bit-identical to no break."""
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 3}
+    full = run(DataLoader(Noisy(), **kw), epochs=2)
+    loader = DataLoader(Noisy(), **kw)
+    it = iter(loader)
+    head = digest([next(it) for _ in range(cut)])
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    fresh = DataLoader(Noisy(), batch_size=4, shuffle=True, generator=99)  # another seed
+    fresh.load_state_dict(state)
+    assert head + run(fresh, epochs=2)[: len(full) - cut] == full
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("workers", "mode"), MODES, ids=MODE_IDS)
+def test_resume_with_another_worker_count(workers: int, mode: str) -> None:
+    """A state saved with num_workers=2 resumes exactly with any other count and mode."""
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 5}
+    full = run(DataLoader(Noisy(), **kw), epochs=1)
+    saver = DataLoader(Noisy(), num_workers=2, **kw)
+    it = iter(saver)
+    head = digest([next(it) for _ in range(3)])
+    state = saver.state_dict()
+    del it
+    loader = DataLoader(Noisy(), num_workers=workers, worker_mode=mode, **kw)
+    loader.load_state_dict(state)
+    assert head + digest(list(loader)) == full
+
+
+def test_state_at_epoch_end_starts_next_epoch() -> None:
+    """A state taken after an epoch ended resumes with the next epoch."""
+    kw: dict[str, Any] = {"batch_size": 8, "shuffle": True, "generator": 1}
+    full = run(DataLoader(Noisy(), **kw), epochs=2)
+    loader = DataLoader(Noisy(), **kw)
+    first = digest(list(loader))
+    fresh = DataLoader(Noisy(), **kw)
+    fresh.load_state_dict(loader.state_dict())
+    assert first + digest(list(fresh)) == full
+
+
+def test_iterable_dataset_resumes_by_replay() -> None:
+    """An iterable dataset without its own state resumes by fetching and dropping."""
+    np.random.seed(0)
+    full = digest(list(DataLoader(Stream(), batch_size=4, generator=2)))
+    loader = DataLoader(Stream(), batch_size=4, generator=2)
+    it = iter(loader)
+    head = digest([next(it) for _ in range(3)])
+    fresh = DataLoader(Stream(), batch_size=4, generator=2)
+    fresh.load_state_dict(loader.state_dict())
+    assert head + digest(list(fresh)) == full
+
+
+def test_skip_ahead_by_editing_delivered() -> None:
+    """Editing 'delivered' skips batches (e.g. after a loss spike), others unchanged."""
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 4}
+    full = digest(list(DataLoader(Noisy(), **kw)))
+    loader = DataLoader(Noisy(), **kw)
+    state = loader.state_dict()
+    state["delivered"] = 6
+    loader.load_state_dict(state)
+    assert digest(list(loader)) == full[6:]
+
+
+def test_state_is_small_json() -> None:
+    """The state is JSON and small: counters and seeds, not data."""
+    loader = DataLoader(Noisy(10_000), batch_size=4, shuffle=True)
+    it = iter(loader)
+    next(it)
+    text = json.dumps(loader.state_dict())
+    assert len(text) < 400
+
+
+@pytest.mark.parametrize(
+    ("edit", "exc", "match"),
+    [
+        ({"version": 9}, ValueError, "version"),
+        ({"delivered": -1}, ValueError, "delivered"),
+        ({"delivered": "3"}, TypeError, "delivered"),
+        ({"delivered": 99}, ValueError, "batches"),
+        ({"extra": 1}, ValueError, "unknown"),
+        (
+            {"sampler": {"kind": "BatchSampler", "sampler": {"kind": "SequentialSampler"}}},
+            ValueError,
+            "RandomSampler",
+        ),
+    ],
+)
+def test_load_validates(edit: dict[str, Any], exc: type[Exception], match: str) -> None:
+    """A state that does not fit says what does not match."""
+    loader = DataLoader(Noisy(), batch_size=4, shuffle=True, generator=0)
+    state = {**loader.state_dict(), **edit}
+    with pytest.raises(exc, match=match):
+        loader.load_state_dict(state)
