@@ -58,6 +58,7 @@ def run(loader: DataLoader[Any], epochs: int = 2) -> list[str]:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 @pytest.mark.parametrize(("workers", "mode"), MODES, ids=MODE_IDS)
 def test_same_seed_same_batches_for_any_worker_count(workers: int, mode: str) -> None:
     """Batches (augmentations included) are byte-identical for every num_workers and mode."""
@@ -85,6 +86,7 @@ def test_resume_mid_epoch_in_process(cut: int) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 @pytest.mark.parametrize(("workers", "mode"), MODES, ids=MODE_IDS)
 def test_resume_with_another_worker_count(workers: int, mode: str) -> None:
     """A state saved with num_workers=2 resumes exactly with any other count and mode."""
