@@ -9,6 +9,8 @@ Prints the median wall time of ``python -c "import stoker"`` minus that of ``pyt
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,9 +39,23 @@ def main() -> None:
             times[name].append(wall(code))
     base = statistics.median(times["python"])
     print(f"import time, median of {args.repeats} fresh interpreters, beyond bare python:")
+    results = {}
     for name in codes:
         if name != "python":
-            print(f"  {name:<18} {(statistics.median(times[name]) - base) * 1e3:8.1f} ms")
+            extra = statistics.median(times[name]) - base
+            print(f"  {name:<18} {extra * 1e3:8.1f} ms")
+            results[f"import {name}"] = {"median_seconds": extra}
+    record = {
+        "workload": "import_time",
+        "command": harness.command(),
+        "repeats": args.repeats,
+        "cores": os.cpu_count(),
+        "versions": harness.versions(),
+        "config": {"measure": "wall time of a fresh interpreter minus bare python"},
+        "results": results,
+    }
+    harness.RESULTS.mkdir(exist_ok=True)
+    (harness.RESULTS / "import_time.json").write_text(json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":
