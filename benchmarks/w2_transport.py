@@ -2,6 +2,12 @@
 nothing to make, batch 100, 2 workers (and in-process for reference). GB/s moved to the
 training loop; the limit is one memcpy.
 
+"2 workers" is one loader per contender iterated once per run, so every run (epoch) starts
+fresh workers, as a training loop over epochs does without ``persistent_workers`` (until
+2026-11-29 each run built a new loader; the per-loader state both libraries may keep across
+epochs, e.g. stoker's warm shared-memory segments, was then never exercised). The dataset
+returns one preallocated array: no per-sample allocation on either side.
+
 Run: ``python benchmarks/w2_transport.py [--quick] [--workers 2]``
 """
 
@@ -59,10 +65,10 @@ def main() -> None:
 
     w = args.workers
     contenders = {
-        f"torch {w} workers": lambda: drain(
+        f"torch {w} workers": _epochs(
             tud.DataLoader(TorchSamples(), batch_size=BATCH, num_workers=w)
         ),
-        f"stoker {w} workers": lambda: drain(
+        f"stoker {w} workers": _epochs(
             stoker.DataLoader(NumpySamples(), batch_size=BATCH, num_workers=w)
         ),
         f"stoker {w} workers, persistent": _persistent(stoker, w),
@@ -77,6 +83,11 @@ def main() -> None:
         config={"samples": N, "batch": BATCH, "sample_bytes": FLOATS * 4, "workers": w},
         warmup=not args.quick,
     )
+
+
+def _epochs(loader: Any) -> Any:
+    """A run: one epoch of ``loader`` (fresh workers each run unless persistent)."""
+    return lambda: drain(loader)
 
 
 def _persistent(stoker: Any, w: int) -> Any:

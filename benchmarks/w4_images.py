@@ -101,7 +101,7 @@ def main() -> None:
     ours, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = harness.cli(__doc__.splitlines()[0], repeats=5)
-    root = make_folder(Path(ours.data), ours.images)
+    root = make_folder(Path(ours.data) / f"img{ours.images}", ours.images)
     for workers in ours.workers:
         contenders = {"torch": torch_contender(root, workers)}
         try:

@@ -102,6 +102,18 @@ def test_resume_with_another_worker_count(workers: int, mode: str) -> None:
     assert head + digest(list(loader)) == full
 
 
+def test_resume_without_automatic_batching() -> None:
+    """batch_size=None resumes at the next sample, in the same shuffled order."""
+    kw: dict[str, Any] = {"batch_size": None, "shuffle": True, "generator": 8}
+    full = run(DataLoader(Noisy(12), **kw), epochs=2)
+    loader = DataLoader(Noisy(12), **kw)
+    it = iter(loader)
+    head = digest([next(it) for _ in range(5)])
+    fresh = DataLoader(Noisy(12), **kw)
+    fresh.load_state_dict(loader.state_dict())
+    assert head + run(fresh, epochs=2)[: len(full) - 5] == full
+
+
 def test_state_at_epoch_end_starts_next_epoch() -> None:
     """A state taken after an epoch ended resumes with the next epoch."""
     kw: dict[str, Any] = {"batch_size": 8, "shuffle": True, "generator": 1}

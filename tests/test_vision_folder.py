@@ -174,8 +174,11 @@ def _both(tree: Path, tf: T.Compose) -> tuple[V.ImageFolder, V.ImageFolder]:
     return fast, plain
 
 
-def test_fast_path_matches_plain_path_at_full_scale(tree: Path) -> None:
-    """With the same seed, full-scale fused output equals the plain path within 1e-4."""
+def test_fast_path_matches_plain_path_at_full_scale(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the same seed and the accurate IDCT, full-scale fused output equals the plain path."""
+    monkeypatch.setattr(_fused, "_FAST_RANDOM_DECODE", False)
     tf = T.Compose(
         [T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
     )
@@ -190,16 +193,64 @@ def test_fast_path_matches_plain_path_at_full_scale(tree: Path) -> None:
             np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-def test_fast_path_close_to_plain_path_with_dct_scaling(tmp_path: Path) -> None:
-    """Decoding at reduced DCT scale stays within mean 6/255 and max 48/255 of the plain path."""
+def test_random_crop_fast_decode_stays_close_to_plain_path(tree: Path) -> None:
+    """RandomResizedCrop's fast IDCT decode draws the same crop and differs by a few /255."""
+    tf = T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor()])
+    fast, plain = _both(tree, tf)
+    assert fast._fast_plan().fast_decode  # type: ignore[union-attr]
+    diffs = []
+    for i in range(len(fast)):
+        for seed in range(4):
+            random.seed(seed)
+            a = fast[i][0]
+            after_fast = random.random()
+            random.seed(seed)
+            b = plain[i][0]
+            assert random.random() == after_fast  # same draws, in the same number
+            diffs.append(np.abs(a - np.asarray(b)))
+    assert np.mean([d.mean() for d in diffs]) < 3 / 255
+    assert max(d.max() for d in diffs) < 64 / 255
+
+
+def test_resize_path_is_exact_on_large_images(tmp_path: Path) -> None:
+    """Resize + CenterCrop decodes at full scale even when DCT scaling would apply: exact."""
     (tmp_path / "c").mkdir()
     Image.fromarray(_photo(480, 640, 7)).save(tmp_path / "c" / "big.jpg", quality=92)
     tf = T.Compose([T.Resize(64), T.CenterCrop(56), T.ToTensor()])
     fast, plain = _both(tmp_path, tf)
+    assert not fast._fast_plan().fast_decode  # type: ignore[union-attr]
     a, b = fast[0][0], plain[0][0]
     assert a.shape == b.shape == (3, 56, 56)
-    diff = np.abs(a - b)
-    assert diff.mean() < 6 / 255 and diff.max() < 48 / 255
+    np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_random_crop_dct_scaling_stays_close(tmp_path: Path) -> None:
+    """A random crop decoded at reduced DCT scale stays within mean 6/255 of the plain path."""
+    (tmp_path / "c").mkdir()
+    Image.fromarray(_photo(480, 640, 7)).save(tmp_path / "c" / "big.jpg", quality=92)
+    tf = T.Compose([T.RandomResizedCrop(32, scale=(0.9, 1.0)), T.ToTensor()])
+    fast, plain = _both(tmp_path, tf)
+    random.seed(3)
+    a = fast[0][0]
+    random.seed(3)
+    b = plain[0][0]
+    diff = np.abs(a - np.asarray(b))
+    assert diff.mean() < 6 / 255 and diff.max() < 64 / 255
+
+
+def test_batch_array_is_reused_only_when_no_sample_is_alive(tree: Path) -> None:
+    """__getitems__ reuses its batch memory once the last batch's samples are gone, never before."""
+    tf = T.Compose([T.RandomResizedCrop(20), T.ToTensor()])
+    ds = V.ImageFolder(tree, transform=tf)
+    first = ds.__getitems__([0, 1, 2])
+    kept = first[1][0].copy()
+    second = ds.__getitems__([4, 5, 6])  # first still alive: must not be overwritten
+    np.testing.assert_array_equal(first[1][0], kept)
+    assert not np.shares_memory(first[0][0], second[0][0])
+    address = second[0][0].__array_interface__["data"][0]
+    del first, second
+    third = ds.__getitems__([0, 1, 2])
+    assert third[0][0].__array_interface__["data"][0] == address
 
 
 def test_dct_divisor_covers_the_crop() -> None:

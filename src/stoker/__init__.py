@@ -28,6 +28,7 @@ from stoker._sampler import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from stoker._stats import LoaderStatistics
 from stoker._strings import StringArray
 from stoker._worker_info import WorkerInfo, get_worker_info
 
@@ -41,6 +42,7 @@ __all__ = [
     "Dataset",
     "DistributedSampler",
     "IterableDataset",
+    "LoaderStatistics",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",

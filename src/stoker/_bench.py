@@ -12,7 +12,8 @@ Only argparse runs at import, so ``stoker --help`` stays instant. Wire it in
 ``stoker._cli.main`` with ``add_subcommand(sub)`` and, for ``args.command == "bench"``,
 ``return run(args)``; ``python -m stoker._bench`` runs it on its own.
 
-Hooks for issue 7 (``--auto``, statistics) are marked ``Hook`` below.
+``--auto`` adds a ``num_workers="auto"`` row per worker mode; every run also records the
+loader's statistics (input-bound fraction, workers in use) in the JSON runs.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def add_subcommand(subparsers: Any) -> None:
         help="worker modes to try (default: process,thread)")  # fmt: skip
     add("--batch-size", type=_listed(_number(int, 1), "64,256"), default=[100],
         help="batch sizes (default: 100)")  # fmt: skip
-    # Hook (issue 7): add("--auto", action="store_true") here, read in configurations().
+    add("--auto", action="store_true",
+        help="also run num_workers='auto' per worker mode (the autotuner's pick)")  # fmt: skip
     add("--dataset", metavar="MODULE:FACTORY",
         help="your dataset: a callable (or object) in an importable module")  # fmt: skip
     add("--samples", type=_number(int, 1), help="synthetic samples (default: 1000)")
@@ -183,21 +185,23 @@ class Config:
 
 
 def configurations(
-    workers: Sequence[int], modes: Sequence[str], batch_sizes: Sequence[int]
+    workers: Sequence[int], modes: Sequence[str], batch_sizes: Sequence[int], auto: bool = False
 ) -> list[Config]:
-    """The sweep: per batch size, in-process once, then every mode with every count > 0.
+    """The sweep: per batch size, in-process once, then every mode with every count > 0
+    (and with ``auto``, ``num_workers="auto"`` per mode).
 
     >>> [c.label() for c in configurations([0, 2], ["process", "thread"], [8])]
     ['0, batch 8', '2 process, batch 8', '2 thread, batch 8']
+    >>> [c.label() for c in configurations([2], ["thread"], [8], auto=True)]
+    ['2 thread, batch 8', 'auto thread, batch 8']
     """
     out: list[Config] = []
     for bs in batch_sizes:
         if 0 in workers:
             out.append(Config(0, None, bs))
         out.extend(Config(w, m, bs) for m in modes for w in workers if w > 0)
-        # Hook (issue 7): with --auto, append Config("auto", m, bs) per mode here. measure()
-        # passes num_workers to the loader as is; the table, JSON, plot and recommend()
-        # already accept a string count.
+        if auto:
+            out.extend(Config("auto", m, bs) for m in modes)
     return out
 
 
@@ -284,10 +288,17 @@ def measure(
         if finish is not None:
             finish()
         seconds = time.perf_counter() - t0 - compute_s * batches
-        # Hook (issue 7): record loader.statistics() here, before the stream closes.
+        stats = loader.statistics()  # of the iterator running now, before the stream closes
     finally:
         stream.close()
-    return {"seconds": max(seconds, 1e-9), "samples": samples, "bytes": nbytes, "epochs": epochs[0]}
+    return {
+        "seconds": max(seconds, 1e-9),
+        "samples": samples,
+        "bytes": nbytes,
+        "epochs": epochs[0],
+        "input_bound": stats.input_bound,
+        "workers_used": stats.num_workers,
+    }
 
 
 def alternate(
@@ -667,7 +678,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         flush=True,
     )
     timing = {"batches": args.batches, "warmup": args.warmup, "compute_s": args.compute_ms / 1e3}
-    configs = configurations(args.workers, args.worker_mode, args.batch_size)
+    configs = configurations(args.workers, args.worker_mode, args.batch_size, args.auto)
     progress = _Progress(len(configs) * args.repeats, None if args.quiet else sys.stderr)
     try:
         runs = alternate(

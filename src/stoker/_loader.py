@@ -12,7 +12,7 @@ import multiprocessing
 import multiprocessing.context
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
@@ -29,6 +29,10 @@ from stoker._sampler import (
     batch_arrays,
 )
 from stoker._state import STATE_VERSION, Epoch, check_state
+from stoker._stats import LoaderStatistics, StatsRecorder, empty
+
+if TYPE_CHECKING:
+    from stoker._autotune import Autotuner
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -64,7 +68,8 @@ class DataLoader(Generic[T_co]):
         sampler: the order of sample indices; excludes ``shuffle``.
         batch_sampler: yields lists of indices; excludes ``batch_size``, ``shuffle``,
             ``sampler`` and ``drop_last``.
-        num_workers: worker count; 0 loads in the main process.
+        num_workers: worker count; 0 loads in the main process; ``"auto"`` starts one
+            worker and adds more while the consumer waits and CPU and memory allow.
         collate_fn: merges a list of samples into a batch; default: ``default_collate``
             (``default_convert`` without automatic batching), following ``tensor_type``.
         pin_memory: copy batches into page-locked memory (needs torch and an accelerator).
@@ -76,7 +81,8 @@ class DataLoader(Generic[T_co]):
             or a multiprocessing context object; process workers only.
         generator: an int seed, a ``numpy.random.Generator`` or a ``torch.Generator``,
             from which the shuffle order and workers' seeds derive.
-        prefetch_factor: batches loaded ahead per worker (default 2 with workers).
+        prefetch_factor: batches loaded ahead per worker (default 2 with workers);
+            ``"auto"`` deepens it while the consumer still waits with all workers busy.
         persistent_workers: keep workers alive between epochs.
         pin_memory_device: the device to pin for; default: the current accelerator.
         in_order: deliver batches in sampler order; False delivers the first ready.
@@ -103,7 +109,7 @@ class DataLoader(Generic[T_co]):
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | Any = None,
         batch_sampler: Sampler[Any] | Iterable[Any] | Any = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Callable[[Any], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -112,7 +118,7 @@ class DataLoader(Generic[T_co]):
         multiprocessing_context: str | multiprocessing.context.BaseContext | None = None,
         generator: _random.GeneratorLike = None,
         *,
-        prefetch_factor: int | None = None,
+        prefetch_factor: int | str | None = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
@@ -130,6 +136,10 @@ class DataLoader(Generic[T_co]):
             )
         if num_workers != 0 and prefetch_factor is None:
             prefetch_factor = 2
+        if isinstance(prefetch_factor, str) and prefetch_factor != "auto":
+            raise ValueError(
+                f"prefetch_factor must be a non-negative int or 'auto', got {prefetch_factor!r}."
+            )
         if isinstance(prefetch_factor, int) and prefetch_factor < 0:
             raise ValueError(
                 f"prefetch_factor option should be non-negative, got {prefetch_factor}."
@@ -216,7 +226,9 @@ class DataLoader(Generic[T_co]):
         self._next_epoch = 0
         self._current: Epoch | None = None
         self._resume: dict[str, Any] | None = None
-        if num_workers > 0:
+        self._tuner: Autotuner | None = None
+        self._stats: StatsRecorder | None = None
+        if isinstance(num_workers, (int, np.integer)) and num_workers > 0:
             from stoker._engine._multi import workers_warning
 
             workers_warning(num_workers, worker_mode)
@@ -328,7 +340,7 @@ class DataLoader(Generic[T_co]):
         return self._current
 
     def _sampler_state(self) -> dict[str, Any] | None:
-        get = getattr(self.batch_sampler, "state_dict", None)
+        get = getattr(self._index_sampler, "state_dict", None)
         return get() if get is not None and not self._iterable else None
 
     def state_dict(self) -> dict[str, Any]:
@@ -339,7 +351,8 @@ class DataLoader(Generic[T_co]):
         for map-style datasets with any ``num_workers`` and ``worker_mode``, for iterable
         datasets with the same ``num_workers`` (their delivered batches are fetched again and
         dropped, unless the dataset has its own ``state_dict`` and loads in process).
-        Samplers without ``state_dict`` (e.g. torch's) are replayed the same way.
+        A sampler without ``state_dict`` (e.g. torch's) is iterated afresh on resume: exact
+        only if it gives the same order again.
 
         To skip ahead or rewind within the epoch, edit ``"delivered"`` before loading.
         """
@@ -373,9 +386,9 @@ class DataLoader(Generic[T_co]):
             TypeError: a field has the wrong type.
         """
         sd = check_state(state_dict)
-        if sd["sampler"] is not None and not hasattr(self.batch_sampler, "load_state_dict"):
+        if sd["sampler"] is not None and not hasattr(self._index_sampler, "load_state_dict"):
             raise ValueError(
-                "this DataLoader's batch sampler has no load_state_dict, but the state holds a "
+                "this DataLoader's sampler has no load_state_dict, but the state holds a "
                 "sampler state: resume with the sampler the state was saved with."
             )
         if not self._iterable and sd["delivered"] > len(self):
@@ -385,12 +398,36 @@ class DataLoader(Generic[T_co]):
                 "or batch size?"
             )
         if sd["sampler"] is not None:
-            self.batch_sampler.load_state_dict(sd["sampler"])
+            self._index_sampler.load_state_dict(sd["sampler"])
         if sd["dataset"] is not None:
             self.dataset.load_state_dict(sd["dataset"])
         self._base_seed = sd["seed"]
         self._resume = sd
         self._current = None
+
+    def statistics(self) -> LoaderStatistics:
+        """What the current (or last) iterator of this loader did: see :class:`LoaderStatistics`.
+
+        Counting is always on and costs one clock read and a few additions per batch.
+        """
+        if self._stats is None:
+            return empty(tuple(self._tuner.decisions) if self._tuner is not None else ())
+        return self._stats.snapshot()
+
+    def _autotuner(self) -> Autotuner | None:
+        """The loader's autotuner when ``num_workers`` or ``prefetch_factor`` is "auto"."""
+        if self.num_workers != "auto" and self.prefetch_factor != "auto":
+            return None
+        if self._tuner is None:
+            from stoker._autotune import Autotuner
+
+            self._tuner = Autotuner.for_loader(self)
+        return self._tuner
+
+    def _pool_workers(self) -> int:
+        """How many workers a pool is built with (with autotune: the most it may use)."""
+        tuner = self._autotuner()
+        return tuner.capacity if tuner is not None else int(self.num_workers)
 
     def __iter__(self) -> Iterator[Any]:
         if self.num_workers == 0:
@@ -433,10 +470,7 @@ class DataLoader(Generic[T_co]):
 
 def _check_num_workers(num_workers: object) -> None:
     if num_workers == "auto":
-        raise NotImplementedError(
-            "num_workers='auto' (autotuning) is not available in this build of stoker; "
-            "pass a number of workers."
-        )
+        return
     if not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool):
         raise TypeError(f"num_workers must be an int >= 0 or 'auto', got {num_workers!r}.")
     if num_workers < 0:

@@ -1,8 +1,10 @@
 """The worker-backed iterator: dispatch, prefetch window, ordering, timeouts and shutdown.
 
 :class:`MultiWorkerIterator` runs in the thread that iterates the loader. It keeps at most
-``prefetch_factor`` tasks in flight per worker, numbers them, and delivers the batches in
-task order (``in_order=True``) or as they come (``in_order=False``). Every batch of epoch
+``prefetch_factor`` tasks in flight per worker (the tasks for one worker go out in one
+message; results that arrived together are handled before refilling), numbers them, and
+delivers the batches in task order (``in_order=True``) or as they come
+(``in_order=False``). Every batch of epoch
 ``e`` with index ``k`` is computed under a seed mixed from (base seed, e, k), so which
 worker runs it does not matter. The pool it drives (:mod:`stoker._engine._pool`) is shut
 down by a ``weakref.finalize``: at the end of an epoch (unless ``persistent_workers``), on
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -24,6 +27,7 @@ from stoker._engine._pin import pin
 from stoker._engine._pool import ProcessPool, ThreadPool
 from stoker._engine._transport import RemoteError
 from stoker._random import mix_seed
+from stoker._stats import StatsRecorder
 from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -62,8 +66,15 @@ class MultiWorkerIterator:
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         self._loader = loader
-        self._num_workers = int(loader.num_workers)
-        self._prefetch = max(1, int(loader.prefetch_factor or 2))
+        # Autotune (num_workers / prefetch_factor "auto"): the pool is built for the
+        # tuner's capacity, and only the first _num_workers workers get tasks.
+        self._tuner = loader._autotuner()
+        capacity = loader._pool_workers()
+        if self._tuner is not None:
+            self._num_workers, self._prefetch = self._tuner.workers, self._tuner.prefetch
+        else:
+            self._num_workers = int(loader.num_workers)
+            self._prefetch = max(1, int(loader.prefetch_factor or 2))
         self._in_order = bool(loader.in_order)
         self._iterable = bool(loader._iterable)
         self._persistent = bool(loader.persistent_workers)
@@ -78,9 +89,10 @@ class MultiWorkerIterator:
             pool = ProcessPool(loader, base, self._prefetch)
             self._pin_device = pin_device
         self._pool = pool
-        self._started = [False] * self._num_workers
+        self._started = [False] * capacity
         self._finalizer = weakref.finalize(self, pool.shutdown)
         self._generation = 0
+        pool.limit_start(self._num_workers)
         self._reset()  # queues the first tasks: each worker gets them as it starts
         pool.start(1 if pool.lazy_start else None)
 
@@ -109,6 +121,12 @@ class MultiWorkerIterator:
         self._active = [True] * self._num_workers
         self._next_worker = 0
         self._yielded = 0
+        self._stats = StatsRecorder(len(self._started), loader._auto_collation, self._gauges)
+        self._stats.workers, self._stats.prefetch = self._num_workers, self._prefetch
+        if self._tuner is not None:
+            self._stats.decisions = self._tuner.decisions
+            self._tuner.begin(self._stats)
+        loader._stats = self._stats
         self._refill()
 
     def _end(self) -> None:
@@ -132,25 +150,34 @@ class MultiWorkerIterator:
         return wid if self._outstanding[wid] < self._prefetch else None
 
     def _refill(self) -> None:
+        """Fill every worker's prefetch window; one message per worker for all its tasks."""
+        sends: dict[int, list[Any]] = {}
         while not self._tasks_done:
             wid = self._choose()
             if wid is None:
-                return
+                break
             try:
                 k, task = next(self._tasks)
             except StopIteration:
                 self._tasks_done = True
-                return
+                break
             idx = self._send_idx
             self._send_idx += 1
             if self._iterable:
                 self._next_worker = (wid + 1) % self._num_workers
             seed = mix_seed(self._seed, self._epoch, k)
             self._k_of[idx] = k
-            freed = self._pool.take_freed(wid)
-            self._pool.send(wid, (self._generation, idx, task, seed, freed))
+            tasks = sends.get(wid)
+            if tasks is None:
+                tasks = sends[wid] = []
+                freed = self._pool.take_freed(wid)
+            else:
+                freed = []
+            tasks.append((self._generation, idx, task, seed, freed))
             self._outstanding[wid] += 1
             self._task_worker[idx] = wid
+        for wid, tasks in sends.items():
+            self._pool.send(wid, tasks)
 
     # -- results -----------------------------------------------------------------------
 
@@ -161,6 +188,7 @@ class MultiWorkerIterator:
         return len(self._loader)
 
     def __next__(self) -> Any:
+        entered = time.perf_counter()
         if not self._pool.alive:
             raise StopIteration
         self._pool.flush_freed()  # the batch delivered last time may have died by now
@@ -172,12 +200,18 @@ class MultiWorkerIterator:
                 k, item = got
                 if not self._epoch_state.deliver(k):
                     continue  # delivered before the checkpoint this epoch resumes from
-                return self._deliver(item)
+                return self._deliver(item, entered)
             if not any(self._outstanding) and (self._tasks_done or not any(self._active)):
+                self._stats.ended(entered)
                 self._epoch_state.finish()
                 self._end()
                 raise StopIteration
             self._handle(*self._wait())
+            # Results that came in the same read are handled now, without a system call,
+            # so the tasks that replace them go out together.
+            while (more := self._pool.buffered()) is not None:
+                self._handle(*more)
+            self._refill()
 
     def _pop_ready(self) -> Any:
         ready = self._ready
@@ -193,11 +227,14 @@ class MultiWorkerIterator:
             return ready.pop(next(iter(ready)))
         return None
 
-    def _deliver(self, item: Any) -> Any:
+    def _deliver(self, item: Any, entered: float) -> Any:
         if isinstance(item, _Failure):
             raise item.remote.rebuild()
         if self._pin_device is not None:
             item = pin(item, self._pin_device)
+        self._stats.delivered(item, entered)
+        if self._tuner is not None and not self._tuner.settled:
+            self._autotune()
         self._yielded += 1
         if self._iterable:
             self._loader._warn_if_iterable_overran(self._yielded)
@@ -251,6 +288,7 @@ class MultiWorkerIterator:
         del self._task_worker[idx]
         k = self._k_of.pop(idx)
         if kind == "ok":
+            self._stats.busy[wid] += msg[6]  # the worker's fetch + collate seconds
             self._ready[idx] = (k, self._pool.decode(wid, msg))
         elif kind == "end":
             self._active[wid] = False
@@ -258,11 +296,43 @@ class MultiWorkerIterator:
                 self._ready[idx] = _SKIP
         else:
             self._ready[idx] = (k, _Failure(msg[3]))
-        self._refill()
 
     def _shutdown(self) -> None:
         """Stop the workers now (also done on garbage collection)."""
         self._finalizer()
+
+    # -- statistics and autotune -------------------------------------------------------
+
+    def _gauges(self) -> tuple[int, int]:
+        """(shared memory mapped for batches, tasks in flight) for ``loader.statistics()``."""
+        return self._pool.shared_memory_bytes(), sum(self._outstanding)
+
+    def _autotune(self) -> None:
+        """Ask the tuner after a delivered batch; apply what it decides."""
+        from stoker._autotune import ADD_PREFETCH
+
+        assert self._tuner is not None
+        decision = self._tuner.step(self._stats, self._pool.started_pids())
+        for _ in range(max(0, decision)):
+            self._add_worker()
+        if decision == ADD_PREFETCH:
+            self._prefetch += 1
+            self._stats.prefetch = self._prefetch
+            self._refill()
+
+    def _add_worker(self) -> None:
+        """Give tasks to one more of the pool's workers (built already, started now).
+
+        The per-worker lists grow by one; ``_reset`` rebuilds them at the new count, so
+        persistent workers keep the count found.
+        """
+        self._num_workers += 1
+        self._outstanding.append(0)
+        self._active.append(True)
+        self._stats.workers = self._num_workers
+        self._pool.limit_start(self._num_workers)
+        self._pool.start(1)  # a process pool starts it; threads run already
+        self._refill()
 
 
 def available_cpus() -> int:

@@ -5,10 +5,15 @@ from the thread that iterates:
 
 - :class:`ProcessPool`: one process and one duplex pipe per worker. A result is read from
   whichever pipe is ready (one ``select.poll`` on the pipes and the process
-  sentinels, so a dead worker is seen at once, never by polling). Batches cross through the
-  shared-memory transport.
+  sentinels, so a dead worker is seen at once, never by polling). Each read takes all the
+  bytes a pipe holds, so results that arrived together cost one wake-up and one read;
+  :meth:`ProcessPool.buffered` hands out the rest without a system call. Tasks for one
+  worker travel in one message. Batches cross through the shared-memory transport.
 - :class:`ThreadPool`: one thread per worker, with the in-process transport (the batch
   object itself).
+
+Under fork, a loader keeps the segments of its last pool's workers (at most what persistent
+workers would keep; released with the loader) and hands them to its next pool's workers.
 
 ``shutdown`` may run from ``weakref.finalize`` (garbage collection, interpreter exit) and
 is idempotent; it does nothing in a forked child that inherited the pool.
@@ -31,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker import _torch
 from stoker._engine import _shm
-from stoker._engine._transport import decode
+from stoker._engine._transport import Inbox, decode, dumps, pack_tasks
 from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
 from stoker.errors import WorkerError
 
@@ -51,6 +56,11 @@ _EXIT_CODE_WAIT_S = 1.0
 # loader's worker, or the user's own fork) must not keep them open, or a worker would never
 # see end-of-file on its pipe when the main process dies.
 _PARENT_ENDS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+# Per loader, the segments its last pool's workers used, still mapped (and so faulted in)
+# by the main process: the next pool's workers (fork) start with them, instead of paying
+# for fresh shared memory every epoch (~1 ms per MiB here). Dropped with the loader.
+_WARM: weakref.WeakKeyDictionary[Any, list[tuple[str, Any]]] = weakref.WeakKeyDictionary()
 
 
 def _close_parent_ends_in_child() -> None:
@@ -76,7 +86,21 @@ class _ProcWorker:
         self.maps = _shm.SegmentMaps()
         self.freed: list[int] = []  # slot ids whose views died; appended by finalizers
         self.big_slots = False  # its slots are big enough to return them eagerly
+        self.out: dict[int, str] = {}  # slot id -> segment name, while views of it live
+        self.late: dict[int, tuple[str, Any]] = {}  # out at shutdown: warm once freed
+        self.loader_ref: Any = None  # set at shutdown, for ``late``
         self.unsent: list[Any] | None = []  # tasks queued before the process started
+        self.inbox = Inbox(conn.fileno())  # results read from its pipe, not yet handled
+
+    def on_free(self, sid: int) -> None:
+        """The last view of slot ``sid``'s batch died (a finalizer, any thread)."""
+        self.out.pop(sid, None)
+        self.freed.append(sid)
+        late = self.late.pop(sid, None) if self.late else None
+        loader = self.loader_ref() if late is not None else None
+        if late is not None and loader is not None:  # an epoch's last batch died after it
+            with contextlib.suppress(Exception):
+                _WARM.setdefault(loader, []).append(late)
 
 
 def _signal_text(code: int | None) -> str:
@@ -124,7 +148,7 @@ class ProcessPool:
         self.workers: list[_ProcWorker] = []
         _shm.sweep_dead_owners()
         token = secrets.token_hex(4)
-        n = loader.num_workers
+        n = loader._pool_workers()  # with autotune, the most workers it may start
         fetcher = loader._make_fetcher()
         import_torch = _torch.loaded() is not None
         # What to name if pickling fails (not the loader: it may hold this pool's iterator,
@@ -135,8 +159,12 @@ class ProcessPool:
             "worker_init_fn": loader.worker_init_fn,
         }
         self._method = method
+        self._loader_ref = weakref.ref(loader)
+        self._warm_cap = n * (2 * prefetch + 2)  # what persistent workers would keep
+        warm = _WARM.pop(loader, []) if method == "fork" else []
         self._child_ends: list[Any] = []
         self._next_start = 0
+        self._start_limit = n  # workers beyond it wait for limit_start (autotune)
         for wid in range(n):
             prefix = _shm.segment_prefix(self._owner, token, wid)
             args = WorkerArgs(
@@ -149,6 +177,7 @@ class ProcessPool:
                 keep_free=2 * prefetch + 2,  # in flight, held, frees in transit
                 window=n * prefetch,
                 import_torch=import_torch,
+                warm=warm[wid::n],
             )
             parent, child = ctx.Pipe(duplex=True)
             _PARENT_ENDS.add(parent)
@@ -159,6 +188,8 @@ class ProcessPool:
                 name=f"stoker-worker-{wid}",
             )
             self.workers.append(_ProcWorker(wid, proc, parent, prefix))
+            for name, mm in args.warm:
+                self.workers[-1].maps.adopt(name, mm)
             self._child_ends.append(child)
         self._poller = select.poll()
         self._by_conn_fd = {w.conn.fileno(): w for w in self.workers}
@@ -173,7 +204,7 @@ class ProcessPool:
             Whatever starting raised, e.g. a pickling error under spawn, with a note naming
             the object that could not be sent; the pool is shut down first.
         """
-        todo = self.workers[self._next_start :]
+        todo = self.workers[self._next_start : self._start_limit]
         if count is not None:
             todo = todo[:count]
         try:
@@ -204,10 +235,22 @@ class ProcessPool:
         """Whether worker ``wid``'s process was started."""
         return self.workers[wid].pid is not None
 
+    def limit_start(self, count: int) -> None:
+        """Let :meth:`start` start only the first ``count`` workers (autotune grows it)."""
+        self._start_limit = count
+
+    def started_pids(self) -> list[int]:
+        """The process ids of the workers started (autotune reads their CPU use)."""
+        return [w.pid for w in self.workers if w.pid is not None]
+
+    def shared_memory_bytes(self) -> int:
+        """Bytes of shared memory the main process has mapped for batches now."""
+        return sum(w.maps.mapped_bytes() for w in self.workers)
+
     @property
     def pending_start(self) -> bool:
-        """Whether some workers are not started yet."""
-        return self._next_start < len(self.workers) and not self._closed
+        """Whether some workers (within the start limit) are not started yet."""
+        return self._next_start < self._start_limit and not self._closed
 
     @property
     def lazy_start(self) -> bool:
@@ -229,7 +272,7 @@ class ProcessPool:
         return f"worker {wid} (pid {self.workers[wid].pid})"
 
     def send(self, wid: int, msg: Any) -> None:
-        """Send a task to worker ``wid``.
+        """Send a message (a list of tasks, or freed slots) to worker ``wid``.
 
         A worker that died is not reported here but by :meth:`get`, after the results it
         sent before dying have been read.
@@ -238,8 +281,10 @@ class ProcessPool:
         if w.unsent is not None:  # not started yet: sent right after its start
             w.unsent.append(msg)
             return
+        if type(msg) is list:
+            msg = pack_tasks(msg)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            w.conn.send(msg)
+            w.conn.send_bytes(dumps(msg))
 
     def flush_freed(self) -> None:
         """Return freed slots of big batches at once, not with the next task.
@@ -249,7 +294,7 @@ class ProcessPool:
         """
         for w in self.workers:
             if w.freed and w.big_slots:
-                self.send(w.wid, self.take_freed(w.wid))
+                self.send(w.wid, ("free", self.take_freed(w.wid)))
 
     def take_freed(self, wid: int) -> list[int]:
         """Slot ids of worker ``wid`` freed since the last call."""
@@ -265,6 +310,9 @@ class ProcessPool:
         Raises:
             WorkerError: a worker died (its pipe closed or its process ended).
         """
+        got = self.buffered()
+        if got is not None:
+            return got
         # One poll object for the pool's life: cheaper per batch than building a selector
         # in multiprocessing.connection.wait() each time.
         events = self._poller.poll(None if timeout_s is None else max(0, timeout_s) * 1000)
@@ -277,25 +325,34 @@ class ProcessPool:
                 dead = self._by_sentinel[fd]
                 continue
             try:
-                return w.wid, w.conn.recv()
+                return w.wid, w.inbox.recv()
             except (EOFError, OSError):
                 self._died(w)
         assert dead is not None
-        if dead.conn.poll():  # read what it sent before it died
-            with contextlib.suppress(EOFError, OSError):
-                return dead.wid, dead.conn.recv()
+        with contextlib.suppress(EOFError, OSError):  # read what it sent before it died
+            if dead.inbox.readable():
+                return dead.wid, dead.inbox.recv()
         self._died(dead)
         return None  # pragma: no cover - _died raises
+
+    def buffered(self) -> tuple[int, Any] | None:
+        """A (worker id, message) already read from a pipe, or None; no system call."""
+        for w in self.workers:
+            msg = w.inbox.take()
+            if msg is not None:
+                return w.wid, msg
+        return None
 
     def decode(self, wid: int, msg: tuple[Any, ...]) -> Any:
         """The batch of an "ok" message from worker ``wid``."""
         w = self.workers[wid]
-        _, _, _, slot, payload, retired = msg
+        slot, payload, retired = msg[3], msg[4], msg[5]  # msg[6]: busy seconds
         if retired:
             w.maps.drop(retired)
         if slot is not None:
             w.big_slots = slot[2] >= _EAGER_FREE_BYTES
-        return decode(slot, payload, w.maps, w.freed.append)
+            w.out[slot[0]] = slot[1]
+        return decode(slot, payload, w.maps, w.on_free)
 
     def _died(self, w: _ProcWorker) -> None:
         w.proc.join(_EXIT_CODE_WAIT_S)
@@ -321,10 +378,13 @@ class ProcessPool:
         started = [w for w in self.workers if w.pid is not None]
         for w in started:
             w.proc.join(max(0.0, deadline - time.monotonic()))
+        warm: list[tuple[str, Any]] = []
         for w in self.workers:
             if w.pid is None:  # never started
                 _PARENT_ENDS.discard(w.conn)
                 w.conn.close()
+                self._child_ends[w.wid].close()
+                warm += w.maps.take_unused(set())
                 continue
             if w.proc.exitcode is None:
                 with contextlib.suppress(OSError):
@@ -334,9 +394,19 @@ class ProcessPool:
                 _shm.unlink_prefix(w.prefix)  # it could not unlink its own segments
             _PARENT_ENDS.discard(w.conn)
             w.conn.close()
+            if w.proc.exitcode is not None and self._method == "fork":
+                # It can no longer write: the next pool's workers reuse what it left.
+                out = dict(w.out)
+                w.late = {sid: (n, w.maps._maps[n]) for sid, n in out.items() if n in w.maps._maps}
+                w.loader_ref = self._loader_ref
+                warm += w.maps.take_unused(set(out.values()))
             w.maps.clear()
             with contextlib.suppress(ValueError):
                 w.proc.close()  # frees the sentinel descriptor now, not at GC
+        loader = self._loader_ref()
+        if warm and loader is not None and self._method == "fork":
+            with contextlib.suppress(Exception):  # interpreter exit may have torn it down
+                _WARM[loader] = (_WARM.get(loader, []) + warm)[: self._warm_cap]
 
 
 class ThreadPool:
@@ -349,7 +419,7 @@ class ThreadPool:
         self._outbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._inboxes: list[queue.SimpleQueue[Any]] = []
         self._threads: list[threading.Thread] = []
-        n = loader.num_workers
+        n = loader._pool_workers()  # with autotune, the most workers it may use
         shared = None if loader._iterable else loader._make_fetcher()
         guard = RngGuard()
         for wid in range(n):
@@ -382,6 +452,17 @@ class ThreadPool:
     def start(self, count: int | None = None) -> None:
         """Nothing to do: the threads run from construction."""
 
+    def limit_start(self, count: int) -> None:
+        """Nothing to do: idle threads wait for tasks (autotune sends them when it grows)."""
+
+    def started_pids(self) -> list[int]:
+        """No processes: the threads' CPU use is the main process's."""
+        return []
+
+    def shared_memory_bytes(self) -> int:
+        """None: thread workers hand over batch objects."""
+        return 0
+
     pending_start = False
     lazy_start = False
 
@@ -394,8 +475,14 @@ class ThreadPool:
         return f"worker thread {wid}"
 
     def send(self, wid: int, msg: Any) -> None:
-        """Queue a task for thread ``wid``."""
-        self._inboxes[wid].put(msg)
+        """Queue the tasks of a message for thread ``wid``."""
+        if type(msg) is list:
+            for task in msg:
+                self._inboxes[wid].put(task)
+
+    def buffered(self) -> tuple[int, Any] | None:
+        """A result already queued, or None."""
+        return self.get(0) if not self._outbox.empty() else None
 
     def flush_freed(self) -> None:
         """Nothing to free: batches are ordinary objects."""

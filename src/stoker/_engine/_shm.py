@@ -15,6 +15,10 @@ Who calls what:
   process returned; ``Arena.close`` on exit (unlinks any name not yet unlinked).
 - main process: ``SegmentMaps.view`` per batch; ``sweep_dead_owners`` when a loader starts
   workers; ``unlink_prefix`` after a worker had to be killed.
+- across epochs (fork): when a pool shuts down, the segments its workers left that no live
+  batch uses stay mapped in the main process (``SegmentMaps.take_unused``), already
+  faulted in; the loader's next workers inherit the mappings and start with them as free
+  slots (``Arena.adopt``), so fresh workers do not pay for fresh shared memory.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ ALIGN = 64
 """Leaves start on 64-byte boundaries (cache lines; enough for every dtype and SIMD)."""
 _PAGE = mmap.PAGESIZE
 _FIRST_SLOT_HEADROOM = 64 * 1024
+_SPARE_MIN_BYTES = 1 << 20
+"""Slots from this size up are made ahead in a helper thread; smaller ones cost less to
+make than the thread."""
+_KEEP_FREE_BYTES = 16 << 20
+"""Free slots are kept up to ``keep_free`` of them, or more while they total at most this
+many bytes: small slots then stop being made and retired as batches come back in bursts."""
 _SPARE_JOIN_TIMEOUT_S = 60.0
 """How long a batch waits for a slot that a helper thread is making."""
 # Map slots with their pages already in place: the worker writes every byte of a slot, and
@@ -134,16 +144,18 @@ class Arena:
 
     # -- a batch's life ----------------------------------------------------------------
 
-    def begin(self) -> None:
+    def begin(self, ahead: bool = True) -> None:
         """Pick the slot the next batch is written into (none before the first batch).
 
-        When no free slot is left after that, the next one is made in a background thread
-        while this batch is fetched: a fresh slot costs page faults (about 0.5 ms per MiB
-        on a busy VM) that would otherwise delay the batch after this one.
+        When no free slot is left after that and another task waits (``ahead``), the next
+        slot is made in a background thread while this batch is fetched: a fresh slot costs
+        page faults (about 0.5 ms per MiB on a busy VM) that would otherwise delay the batch
+        after this one. Without a waiting task (the end of an epoch, or a slow consumer) a
+        slot usually comes back first, and a spare would only delay the worker's exit.
         """
         self.overflow = 0
         self.current = self._take(self.hint) if self.hint else None
-        if self.hint and not self.free and self._spare is None:
+        if ahead and self.hint >= _SPARE_MIN_BYTES and not self.free and self._spare is None:
             # Known to close() before its thread runs, even if a signal interrupts start().
             self._spare = _SpareSlot(self, self.hint)
             self._spare.start()
@@ -205,6 +217,18 @@ class Arena:
             if sid in self.slots:
                 self._give_back(sid)
 
+    def adopt(self, segments: list[tuple[str, mmap.mmap]]) -> None:
+        """Take over segments of an earlier worker of the same loader (already unlinked,
+        mapped and faulted in; inherited through fork), as free slots."""
+        for name, mm in segments:
+            self._seq += 1
+            buf = np.frombuffer(mm, np.uint8)
+            self.slots[self._seq] = Slot(self._seq, name, len(mm), mm, buf, buf.ctypes.data)
+            self.free.append(self._seq)
+        if segments and not self.hint:
+            # Every one of them held a batch: the next batches fit (else encode regrows).
+            self.hint = min(len(mm) for _, mm in segments)
+
     def take_retired(self) -> list[str]:
         """Names of segments retired since the last call (the main side drops its maps)."""
         out, self.retired = self.retired, []
@@ -242,7 +266,8 @@ class Arena:
 
     def _give_back(self, sid: int) -> None:
         slot = self.slots[sid]
-        if slot.size < self.hint or len(self.free) >= self.keep_free:
+        many = len(self.free) >= self.keep_free
+        if slot.size < self.hint or (many and (len(self.free) + 1) * slot.size > _KEEP_FREE_BYTES):
             self._retire(sid)
         else:
             self.free.append(sid)
@@ -350,6 +375,20 @@ class SegmentMaps:
             _unlink(name)
             self._maps[name] = mm
         return np.frombuffer(mm, np.uint8)
+
+    def mapped_bytes(self) -> int:
+        """Bytes of the segments mapped now (for ``loader.statistics()``)."""
+        return sum(len(mm) for mm in self._maps.values())
+
+    def adopt(self, name: str, mm: mmap.mmap) -> None:
+        """Know a segment mapped before (by an earlier pool of the same loader)."""
+        self._maps[name] = mm
+
+    def take_unused(self, in_use: set[str]) -> list[tuple[str, mmap.mmap]]:
+        """Forget every segment; return those not in ``in_use`` (no live batch views)."""
+        out = [(n, mm) for n, mm in self._maps.items() if n not in in_use]
+        self._maps.clear()
+        return out
 
     def drop(self, names: list[str]) -> None:
         """Forget retired segments (views still alive keep their memory)."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from stoker._engine._pin import pin
 from stoker._random import mix_seed, seed_globals
+from stoker._stats import StatsRecorder
 
 if TYPE_CHECKING:
     from stoker._loader import DataLoader
@@ -25,11 +27,14 @@ class SingleProcessIterator:
         self._pin_device = loader._resolved_pin_device()
         self._iterable = loader._iterable
         self._yielded = 0
+        self._stats = StatsRecorder(0, loader._auto_collation)
+        loader._stats = self._stats
 
     def __iter__(self) -> SingleProcessIterator:
         return self
 
     def __next__(self) -> Any:
+        entered = time.perf_counter()
         epoch = self._epoch
         while True:
             try:
@@ -37,12 +42,15 @@ class SingleProcessIterator:
                 seed_globals(mix_seed(epoch.seed, epoch.number, k))
                 data = self._fetch(task)
             except StopIteration:
+                self._stats.ended(entered)
                 epoch.finish()
                 raise
             if epoch.deliver(k):
                 break
         if self._pin_device is not None:
             data = pin(data, self._pin_device)
+        self._stats.delivered(data, entered)
+        self._stats.busy[0] = self._stats.wait  # in process, fetching is all the waiting
         self._yielded += 1
         if self._iterable:
             self._loader._warn_if_iterable_overran(self._yielded)

@@ -4,9 +4,12 @@
 arguments only, so spawn and forkserver work); :func:`thread_worker` runs the same loop in a
 thread of the main process with the in-process transport.
 
-Messages, main -> worker: ``(generation, index, task, seed, freed_slot_ids)``, a list of
-freed slot ids, or ``None`` (stop). Worker -> main:
-``("ok", generation, index, slot, payload, retired_segments)``,
+Messages, main -> worker: a list of tasks ``(generation, index, task, seed,
+freed_slot_ids, dtype)`` (see :func:`~stoker._engine._transport.pack_tasks`; all the
+tasks the main process had for this worker at once: one pipe message, one wake-up),
+``("free", freed_slot_ids)``, or ``None`` (stop). Worker -> main:
+``("ok", generation, index, slot, payload, retired_segments, busy_seconds)`` (busy: the
+fetch + collate time, for ``loader.statistics()``),
 ``("end", generation, index)`` (an iterable dataset is exhausted) or
 ``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
 ``("err", -1, -1, RemoteError)`` when start-up failed.
@@ -21,8 +24,9 @@ import random
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,7 +35,7 @@ import numpy.random  # loaded once here, not in each new worker (~8 ms each)
 from stoker import _torch
 from stoker._engine._pin import pin
 from stoker._engine._shm import Arena
-from stoker._engine._transport import RemoteError, encode
+from stoker._engine._transport import Inbox, RemoteError, dumps, encode, unpack_task
 from stoker._fetch import IterableFetcher, MapFetcher
 from stoker._random import seed_globals
 from stoker._worker_info import WorkerInfo, set_worker_info
@@ -61,13 +65,15 @@ class RngGuard:
         if self.serial is False:
             return fetch(task)
         with self.lock:
-            seed_globals(seed)
-            if self.serial is not None:
-                return fetch(task)
-            before = _rng_states()
-            data = fetch(task)
-            self.serial = _rng_states() != before
-            return data
+            if self.serial in (None, True):  # not decided while this thread queued here
+                seed_globals(seed)  # fetch in parallel below once it is False
+                if self.serial is not None:
+                    return fetch(task)
+                before = _rng_states()
+                data = fetch(task)
+                self.serial = _rng_states() != before
+                return data
+        return fetch(task)
 
 
 def _rng_states() -> tuple[Any, ...]:
@@ -97,6 +103,8 @@ class WorkerArgs:
         import_torch: import torch in the worker (the main process had it imported).
         pin_device: pin batches in the worker (thread workers only).
         rng_guard: the guard shared by a pool's thread workers (threads only).
+        warm: (name, mmap) of segments an earlier worker of the loader used, inherited
+            through fork; the arena starts with them as free slots.
     """
 
     worker_id: int
@@ -110,6 +118,7 @@ class WorkerArgs:
     import_torch: bool = False
     pin_device: str | None = None
     rng_guard: RngGuard | None = None
+    warm: list[Any] = field(default_factory=list)
 
 
 def _where(args: WorkerArgs, task: Any) -> str:
@@ -192,6 +201,8 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
     # Ctrl-C reaches the whole process group; the main process decides and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     arena = Arena(args.prefix, args.keep_free, args.window)
+    arena.adopt(args.warm)
+    args.warm = []
     try:
         _watch_parent()
         try:
@@ -215,18 +226,20 @@ def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
     iterable = isinstance(fetcher, IterableFetcher)
     generation = None
     pending: collections.deque[Any] = collections.deque()
+    inbox = Inbox(conn.fileno())
     while True:
         # Read everything already sent before taking a slot: free-slot notices sent after
         # queued tasks then count before the next batch (no new slot for nothing).
-        while not pending or conn.poll():
-            msg = conn.recv()
+        while not pending or inbox.readable():
+            msg = inbox.recv()
             if msg is None:
                 return
             if type(msg) is list:
-                arena.release(msg)
+                pending.extend(msg)
             else:
-                pending.append(msg)
-        gen, index, task, seed, freed = pending.popleft()
+                arena.release(msg[1])
+        gen, index, task, seed, freed, dtype = pending.popleft()
+        task = unpack_task(task, dtype)
         if freed:
             arena.release(freed)
         if gen != generation:
@@ -235,8 +248,9 @@ def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
         if iterable and fetcher.ended:  # type: ignore[union-attr]
             conn.send(("end", gen, index))
             continue
+        started = time.perf_counter()
         seed_globals(seed)
-        arena.begin()
+        arena.begin(ahead=bool(pending))
         try:
             data = fetcher.fetch(task, alloc=arena.alloc)
             slot, payload = encode(data, arena)
@@ -252,7 +266,8 @@ def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
             arena.abort()
             conn.send(("err", gen, index, RemoteError(exc, _where(args, task))))
             continue
-        conn.send(("ok", gen, index, slot, payload, arena.take_retired()))
+        busy = time.perf_counter() - started
+        conn.send_bytes(dumps(("ok", gen, index, slot, payload, arena.take_retired(), busy)))
 
 
 def _stop_iteration_error(args: WorkerArgs, task: Any) -> RemoteError:
@@ -291,6 +306,7 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
             if iterable and fetcher.ended:  # type: ignore[union-attr]
                 outbox.put((wid, ("end", gen, index)))
                 continue
+            started = time.perf_counter()
             try:
                 assert args.rng_guard is not None
                 data = args.rng_guard.fetch(fetcher.fetch, task, seed)
@@ -308,7 +324,8 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
                 where = f"worker thread {wid} on sample indices {_task_text(task)}"
                 outbox.put((wid, ("err", gen, index, RemoteError(exc, where, keep_object=True))))
                 continue
-            outbox.put((wid, ("ok", gen, index, None, data, None)))
+            busy = time.perf_counter() - started
+            outbox.put((wid, ("ok", gen, index, None, data, None, busy)))
     finally:
         set_worker_info(None, whole_process=False)
 

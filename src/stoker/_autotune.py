@@ -1,0 +1,297 @@
+"""``num_workers="auto"`` and ``prefetch_factor="auto"``: pick them by measuring.
+
+One :class:`Autotuner` per loader, kept across epochs (the count found is where the next
+epoch starts, and persistent workers keep theirs). The iterator that has workers asks it,
+after each delivered batch, whether to add a worker or deepen the prefetch window; the
+answer is a plain integer compare on every batch and a decision once per *window*.
+
+The rule, per window of batches (one batch per worker, and at least ``_MIN_WINDOW_S``):
+
+1. If the previous decision added something and batches/s did not improve by
+   ``_MIN_GAIN``, stop: that count is the one.
+2. If the consumer waited less than ``_INPUT_BOUND`` of the window, stop: data is ready.
+3. Else add workers when some are left: as many as the wait predicts are needed
+   (``n / (1 - waited)``, at most 4x: a consumer waiting half the time needs twice the
+   workers), within the pool's capacity, the CPUs (this loader's process tree, measured,
+   must leave room for each added worker's average use) and memory (see
+   :data:`MEMORY_BUDGET_BYTES` and ``/dev/shm``'s free space).
+4. Else, with ``prefetch_factor="auto"``, deepen the window by one (up to ``_MAX_PREFETCH``).
+
+Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
+delivered in order, whichever worker made it. Every decision is logged (logger
+``stoker._autotune``, INFO) and listed in ``loader.statistics().autotune``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from stoker._engine._multi import available_cpus
+from stoker._engine._shm import shm_free_bytes
+
+if TYPE_CHECKING:
+    from stoker._loader import DataLoader
+    from stoker._stats import StatsRecorder
+
+log = logging.getLogger(__name__)
+
+MEMORY_BUDGET_BYTES = 2 << 30
+"""Most memory the autotuner lets batches in flight take: (workers x (prefetch + 1)) x
+the batch size seen. It adds no worker beyond it, nor beyond half of /dev/shm's free space
+(process workers). Fixed counts are not limited by it."""
+
+KEEP = 0
+"""Decision: change nothing."""
+ADD_PREFETCH = -1
+"""Decision: allow one more task in flight per worker (a positive decision: start that
+many more workers)."""
+
+_INPUT_BOUND = 0.20
+"""The consumer must wait at least this fraction of a window for more workers to help."""
+_MIN_GAIN = 0.05
+"""An addition must raise batches/s by this fraction to be followed by another."""
+_MIN_WINDOW_S = 0.05
+"""Shortest window: shorter ones measure noise."""
+_MIN_WINDOW_BATCHES = 2
+"""Fewest batches in a window (a window also spans one batch per worker)."""
+_MAX_PREFETCH = 8
+"""The deepest prefetch window ``prefetch_factor="auto"`` goes to."""
+_MAX_GROWTH = 4
+"""At most this factor more workers in one decision."""
+_CPU_SLACK = 0.25
+"""How far (in CPUs) the predicted use may exceed the CPUs available."""
+_WORKERS_PER_CPU = 4
+"""Capacity: process workers per CPU (waiting workers use little CPU; measuring decides)."""
+_MAX_CAPACITY = 32
+"""At most this many workers, whatever the CPU count."""
+
+
+class Autotuner:
+    """Chooses a loader's worker count and prefetch window while it runs (module docstring).
+
+    Args:
+        workers: the count to start with (1 for ``num_workers="auto"``).
+        capacity: the most workers it may reach (the pool is built this large).
+        prefetch: the prefetch factor to start with.
+        tune_workers: whether ``num_workers`` is ``"auto"``.
+        tune_prefetch: whether ``prefetch_factor`` is ``"auto"``.
+        shared_memory: whether batches cross through /dev/shm (process workers).
+    """
+
+    def __init__(
+        self,
+        workers: int,
+        capacity: int,
+        prefetch: int,
+        tune_workers: bool,
+        tune_prefetch: bool,
+        shared_memory: bool,
+    ) -> None:
+        self.workers = workers
+        self.capacity = capacity
+        self.prefetch = prefetch
+        self.tune_workers = tune_workers
+        self.tune_prefetch = tune_prefetch
+        self.shared_memory = shared_memory
+        self.decisions: list[str] = []
+        self.settled = False
+        self._due = 0
+        self._rate: float | None = None  # batches/s of the window before the last change
+        self._changed = False
+        self._mark: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)
+        self._idle_mark = _idle_ticks()
+        self._batch_bytes = 0
+
+    @classmethod
+    def for_loader(cls, loader: DataLoader[Any]) -> Autotuner:
+        """The tuner of ``loader``, whose ``num_workers`` and/or ``prefetch_factor`` is "auto"."""
+        cpus = available_cpus()
+        tune_workers = loader.num_workers == "auto"
+        tune_prefetch = loader.prefetch_factor == "auto"
+        if tune_workers:
+            capacity = min(_MAX_CAPACITY, max(2, _WORKERS_PER_CPU * cpus))
+            workers = 1
+            if loader._iterable:
+                # An iterable dataset shards itself by worker count: its output would
+                # depend on the count, so the count is fixed from the start.
+                capacity = workers = cpus
+                tune_workers = False
+        else:
+            capacity = workers = int(loader.num_workers)
+        prefetch = 2 if tune_prefetch else int(loader.prefetch_factor or 2)
+        tuner = cls(
+            workers,
+            capacity,
+            prefetch,
+            tune_workers,
+            tune_prefetch,
+            shared_memory=loader.worker_mode == "process",
+        )
+        if loader.num_workers == "auto" and not tune_workers:
+            tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
+        return tuner
+
+    def decide(self, text: str) -> None:
+        """Record and log a decision."""
+        self.decisions.append(text)
+        log.info("stoker autotune: %s", text)
+
+    def begin(self, rec: StatsRecorder) -> None:
+        """An iterator starts (an epoch): the first window opens after its first batch."""
+        self._due = 1
+        self._mark = (-1, 0.0, 0.0, 0.0)
+        self._changed = False
+        self._rate = None
+
+    def step(self, rec: StatsRecorder, pids: list[int]) -> int:
+        """After a delivered batch: :data:`KEEP`, :data:`ADD_PREFETCH`, or workers to add.
+
+        Args:
+            rec: the iterator's counters.
+            pids: the worker processes started (for their CPU use; empty for threads).
+        """
+        if self.settled or rec.batches < self._due:
+            return KEEP
+        batches, t0, wait0, cpu0 = self._mark
+        now = rec.last
+        if batches < 0:  # the first batch of the iterator: start-up, not measured
+            self._open(rec, pids)
+            return KEEP
+        dt = now - t0
+        if dt < _MIN_WINDOW_S:
+            self._due = rec.batches + 1
+            return KEEP
+        rate = (rec.batches - batches) / dt
+        waited = (rec.wait - wait0) / dt
+        cpu_used = (_tree_cpu_seconds(pids) - cpu0) / dt
+        idle_cpus = _idle_cpus(self._idle_mark, _idle_ticks())
+        self._batch_bytes = max(self._batch_bytes, rec.bytes // max(1, rec.batches))
+        if self._changed and self._rate is not None and rate < self._rate * (1 + _MIN_GAIN):
+            return self._settle(
+                f"stop at {self.workers} workers, prefetch {self.prefetch}: the last change "
+                f"gave {rate:.3g} batches/s against {self._rate:.3g} before"
+            )
+        if waited < _INPUT_BOUND:
+            return self._settle(
+                f"keep {self.workers} workers, prefetch {self.prefetch}: the consumer waits "
+                f"{waited:.0%} of the time ({rate:.3g} batches/s)"
+            )
+        self._rate = rate
+        more, why_not = self._room(cpu_used, waited, idle_cpus)
+        if more > 0:
+            self.workers += more
+            self._changed = True
+            self.decide(
+                f"{self.workers} workers (+{more}): the consumer waits {waited:.0%} of the "
+                f"time ({rate:.3g} batches/s, loader CPU use {cpu_used:.2f})"
+            )
+            self._open(rec, pids, skip=self.workers)
+            return more
+        if self.tune_prefetch and self.prefetch < _MAX_PREFETCH and self._memory_allows(0):
+            self.prefetch += 1
+            self._changed = True
+            self.decide(
+                f"prefetch {self.prefetch}: the consumer waits {waited:.0%} of the time with "
+                f"{self.workers} workers ({why_not})"
+            )
+            self._open(rec, pids, skip=self.workers)
+            return ADD_PREFETCH
+        return self._settle(
+            f"keep {self.workers} workers, prefetch {self.prefetch}: the consumer waits "
+            f"{waited:.0%} of the time, but {why_not}"
+        )
+
+    def _open(self, rec: StatsRecorder, pids: list[int], skip: int = 0) -> None:
+        """Open a window now; after a change, ``skip`` batches pass first (the pipeline fills)."""
+        if skip:
+            self._mark = (-1, 0.0, 0.0, 0.0)  # re-opened at the first batch after the skip
+            self._due = rec.batches + skip
+            return
+        self._mark = (rec.batches, rec.last, rec.wait, _tree_cpu_seconds(pids))
+        self._idle_mark = _idle_ticks()
+        self._due = rec.batches + max(_MIN_WINDOW_BATCHES, self.workers)
+
+    def _settle(self, text: str) -> int:
+        self.settled = True
+        self.decide(text)
+        return KEEP
+
+    def _room(self, cpu_used: float, waited: float, idle_cpus: float | None) -> tuple[int, str]:
+        """How many workers to add now (see the module docstring), and if none, why not."""
+        if not self.tune_workers:
+            return 0, "the worker count is fixed"
+        wanted = math.ceil(self.workers / max(1.0 - waited, 1 / _MAX_GROWTH))
+        more = min(max(1, wanted - self.workers), self.capacity - self.workers)
+        if more <= 0:
+            return 0, f"all {self.capacity} workers run"
+        cpus = available_cpus()
+        per_worker = max(cpu_used / max(1, self.workers), 1e-3)
+        more = min(more, int((cpus + _CPU_SLACK - cpu_used) / per_worker))
+        if more <= 0:
+            return 0, f"CPU is short ({cpu_used:.2f} of {cpus} CPUs in use)"
+        if idle_cpus is not None:  # other programs may take the CPUs the loader does not
+            more = min(more, int((idle_cpus + _CPU_SLACK) / per_worker))
+            if more <= 0:
+                return 0, f"CPU is short (the machine has {idle_cpus:.2f} CPUs idle)"
+        while more > 0 and not self._memory_allows(more):
+            more -= 1
+        if more <= 0:
+            return 0, "memory is short (see stoker._autotune.MEMORY_BUDGET_BYTES)"
+        return more, ""
+
+    def _memory_allows(self, more_workers: int) -> bool:
+        need = (self.workers + more_workers) * (self.prefetch + 1) * self._batch_bytes
+        if more_workers == 0:
+            need = self.workers * (self.prefetch + 2) * self._batch_bytes
+        if need > MEMORY_BUDGET_BYTES:
+            return False
+        if self.shared_memory:
+            free = shm_free_bytes()
+            if free is not None and (need - self._in_use()) > free // 2:
+                return False
+        return True
+
+    def _in_use(self) -> int:
+        return self.workers * (self.prefetch + 1) * self._batch_bytes
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _idle_ticks() -> tuple[int, int] | None:
+    """(idle, total) clock ticks of all CPUs from /proc/stat, or None where it is missing."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])
+
+
+def _idle_cpus(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """CPUs the whole machine left idle between two :func:`_idle_ticks` readings.
+
+    >>> _idle_cpus((0, 0), (50, 100)) == 0.5 * (os.cpu_count() or 1)
+    True
+    """
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    share = (after[0] - before[0]) / (after[1] - before[1])
+    return share * (os.cpu_count() or 1)
+
+
+def _tree_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds used so far by this process (all its threads) and by ``pids``."""
+    total = time.process_time()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total

@@ -1,0 +1,132 @@
+"""Tests of ``num_workers="auto"`` and ``prefetch_factor="auto"`` (stoker._autotune)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stoker._dataset import IterableDataset
+from stoker._loader import DataLoader
+
+_SLEEP_S = 0.01
+
+
+class Augmented:
+    """Samples drawn from NumPy's global RNG (seeded per batch), after a simulated wait."""
+
+    def __init__(self, n: int = 96, sleep_s: float = _SLEEP_S) -> None:
+        self.n = n
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return np.full(4, i, np.float64) + np.random.random(4)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        time.sleep(self.sleep_s)  # simulated I/O: the worker waits, the CPU is free
+        return [self[i] for i in indices]
+
+
+class Stream(IterableDataset[Any]):
+    """An iterable dataset of 0..n-1 (its sharding would depend on the worker count)."""
+
+    def __init__(self, n: int = 16) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        from stoker._worker_info import get_worker_info
+
+        info = get_worker_info()
+        wid, k = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(wid, self.n, k))
+
+
+def _digest(loader: DataLoader[Any]) -> list[str]:
+    return [hashlib.sha256(np.ascontiguousarray(b).tobytes()).hexdigest() for b in loader]
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_auto_gives_the_batches_of_num_workers_0(mode: str) -> None:
+    """With num_workers="auto" (workers added mid-epoch), batches are byte-identical to 0."""
+    ds = Augmented()
+    auto: DataLoader[Any] = DataLoader(
+        ds, batch_size=4, shuffle=True, generator=7, num_workers="auto", worker_mode=mode
+    )
+    plain: DataLoader[Any] = DataLoader(ds, batch_size=4, shuffle=True, generator=7)
+    assert _digest(auto) == _digest(plain)
+    stats = auto.statistics()
+    assert stats.num_workers > 1, stats.autotune  # a wait-bound loader gets more workers
+    assert stats.autotune and "workers (+" in stats.autotune[0]
+
+
+def test_auto_logs_its_decisions(caplog: pytest.LogCaptureFixture) -> None:
+    """Each decision is logged by stoker._autotune and listed in statistics()."""
+    loader: DataLoader[Any] = DataLoader(Augmented(n=64), batch_size=4, num_workers="auto")
+    with caplog.at_level(logging.INFO, logger="stoker._autotune"):
+        list(loader)
+    logged = [r.getMessage() for r in caplog.records if r.name == "stoker._autotune"]
+    assert logged and all(d in logged[i] for i, d in enumerate(loader.statistics().autotune))
+
+
+def test_auto_keeps_one_worker_when_data_is_ready() -> None:
+    """A consumer slower than one worker is not input-bound: no worker is added."""
+    loader: DataLoader[Any] = DataLoader(
+        Augmented(n=48, sleep_s=0.0), batch_size=4, num_workers="auto"
+    )
+    for _ in loader:
+        time.sleep(_SLEEP_S)  # simulated training step, slower than loading
+    stats = loader.statistics()
+    assert stats.num_workers == 1
+    assert stats.autotune and stats.autotune[-1].startswith("keep 1 workers")
+
+
+def test_auto_persistent_workers_keep_the_count_found() -> None:
+    """With persistent workers the next epoch starts with the workers found in the first."""
+    loader: DataLoader[Any] = DataLoader(
+        Augmented(n=64), batch_size=4, num_workers="auto", persistent_workers=True
+    )
+    first = list(loader)
+    found = loader.statistics().num_workers
+    second = list(loader)
+    assert len(first) == len(second) == 16
+    assert found > 1 and loader.statistics().num_workers >= found
+    del loader, first, second
+
+
+def test_prefetch_auto_deepens_the_window_with_fixed_workers() -> None:
+    """prefetch_factor="auto" with a fixed worker count deepens prefetch while waits remain."""
+    loader: DataLoader[Any] = DataLoader(
+        Augmented(n=64), batch_size=4, num_workers=1, prefetch_factor="auto"
+    )
+    assert len(list(loader)) == 16
+    stats = loader.statistics()
+    assert stats.num_workers == 1
+    assert stats.prefetch_factor is not None and stats.prefetch_factor >= 3
+    assert any(d.startswith("prefetch 3") for d in stats.autotune)
+
+
+def test_auto_with_an_iterable_dataset_fixes_the_count() -> None:
+    """An iterable dataset gets a fixed count (its sharding depends on it), all data once."""
+    loader: DataLoader[Any] = DataLoader(Stream(), batch_size=None, num_workers="auto")
+    got = sorted(int(x) for x in loader)
+    assert got == list(range(16))
+    assert "not tuned" in loader.statistics().autotune[0]
+
+
+def test_prefetch_factor_rejects_other_strings() -> None:
+    """prefetch_factor accepts an int or "auto"; another string is a ValueError."""
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        DataLoader(Augmented(), batch_size=4, num_workers=1, prefetch_factor="many")
+
+
+def test_num_workers_rejects_other_strings() -> None:
+    """num_workers accepts an int or "auto"; another string is a TypeError, as torch."""
+    with pytest.raises(TypeError, match="num_workers"):
+        DataLoader(Augmented(), batch_size=4, num_workers="all")  # type: ignore[arg-type]
