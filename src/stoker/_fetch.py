@@ -14,6 +14,9 @@ import numpy as np
 from stoker._batch import Alloc
 
 CollateFn = Callable[[Any], Any]
+Skipped = tuple[list[Any], str, bool]
+"""What a fetch skipped: the failing sample indices, the first error (``"Type: message"``),
+and whether the whole batch was dropped."""
 
 
 class MapFetcher:
@@ -24,29 +27,86 @@ class MapFetcher:
     samples are collated. Without it, a task is one index and the sample is converted.
     Datasets whose class sets ``_stoker_index_array = True`` get indices as an int64 array;
     others get a list of Python ints, as torch gives them.
+
+    With ``skip_errors``, a batch whose loading raises an ``Exception`` is loaded again
+    sample by sample; the samples that raise are left out and the rest are collated (the
+    collate function is not retried). The same samples fail in every run, so the same are
+    skipped. :meth:`fetch_skipping` returns the record with the batch (no state is kept on
+    the fetcher: thread workers share one); when every sample of a batch failed, the
+    batch is None and the record says it is dropped.
     """
 
-    def __init__(self, dataset: Any, auto_collation: bool, collate_fn: CollateFn) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: CollateFn,
+        skip_errors: bool = False,
+    ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
+        self.skip_errors = skip_errors
 
     def fetch(self, index: Any, alloc: Alloc | None = None) -> Any:
         """The collated batch for ``index``; ``alloc`` goes to stoker's default collate."""
+        return self.fetch_skipping(index, alloc)[0]
+
+    def fetch_skipping(self, index: Any, alloc: Alloc | None = None) -> tuple[Any, Skipped | None]:
+        """(batch, what was skipped or None); the batch is None when it is dropped."""
+        try:
+            data = self._load(index)
+        except Exception as exc:
+            if not self.skip_errors:
+                raise
+            data, skipped = self._load_each(index, exc)
+            if data is None:
+                return None, skipped
+            return _call_collate(self.collate_fn, data, alloc), skipped
+        return _call_collate(self.collate_fn, data, alloc), None
+
+    def _load(self, index: Any) -> Any:
         ds = self.dataset
         if self.auto_collation:
             getitems = getattr(ds, "__getitems__", None)
             if getitems is not None:
                 if isinstance(index, np.ndarray) and not getattr(ds, "_stoker_index_array", False):
                     index = index.tolist()
-                data = getitems(index)
-            else:
-                if isinstance(index, np.ndarray):
-                    index = index.tolist()
-                data = [ds[i] for i in index]
-        else:
-            data = ds[index]
-        return _call_collate(self.collate_fn, data, alloc)
+                return getitems(index)
+            if isinstance(index, np.ndarray):
+                index = index.tolist()
+            return [ds[i] for i in index]
+        return ds[index]
+
+    def _load_each(self, index: Any, batch_error: Exception) -> tuple[list[Any] | None, Skipped]:
+        """The samples of ``index`` that load, one by one, and the record of those that raise.
+
+        Raises:
+            Exception: ``batch_error`` again when every sample loads on its own.
+        """
+        if not self.auto_collation:
+            one = int(index) if isinstance(index, (int, np.integer)) else index
+            return None, ([one], _error_text(batch_error), True)
+        ds = self.dataset
+        getitems = getattr(ds, "__getitems__", None)
+        as_array = getitems is not None and getattr(ds, "_stoker_index_array", False)
+        indices = index.tolist() if isinstance(index, np.ndarray) else list(index)
+        data: list[Any] = []
+        failed: list[int] = []
+        first = ""
+        for i in indices:
+            try:
+                if getitems is None:
+                    data.append(ds[i])
+                else:
+                    one = np.array([i], np.int64) if as_array else [i]
+                    data.extend(getitems(one))
+            except Exception as exc:
+                failed.append(i)
+                first = first or _error_text(exc)
+        if not failed:  # the batch failed as a whole but each sample loads: not skippable
+            raise batch_error
+        return data or None, (failed, first, not data)
 
 
 class IterableFetcher:
@@ -97,6 +157,19 @@ class IterableFetcher:
                 self.ended = True
                 raise
         return _call_collate(self.collate_fn, data, alloc)
+
+    def fetch_skipping(self, index: Any = None, alloc: Alloc | None = None) -> tuple[Any, None]:
+        """(the next batch, None): skipping applies to map-style datasets only."""
+        return self.fetch(index, alloc), None
+
+
+def _error_text(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception.
+
+    >>> _error_text(KeyError("x"))
+    "KeyError: 'x'"
+    """
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _call_collate(collate_fn: CollateFn, data: Any, alloc: Alloc | None) -> Any:

@@ -89,6 +89,14 @@ class DataLoader(Generic[T_co]):
         tensor_type: None follows the data (torch tensors when a sample holds one, NumPy
             otherwise); ``"numpy"`` or ``"torch"`` force one.
         worker_mode: ``"process"`` or ``"thread"`` workers.
+        skip_errors: what to do with samples whose loading raises (map-style datasets
+            only). 0 raises, as torch does. An int ``n >= 1`` leaves out up to ``n`` failing
+            samples per epoch; a float in (0, 1) up to that fraction of the epoch's samples
+            (rounded down). A batch that fails is loaded again sample by sample and the
+            failing ones are left out (a batch whose samples all fail is dropped: the epoch
+            has one batch fewer). The same samples are skipped in every run; each skip is
+            logged at WARNING, counted in ``statistics().skipped_samples`` and in
+            :meth:`state_dict`; one more than the cap raises ``RuntimeError``.
 
     Raises:
         ValueError: for contradictory or out-of-range arguments, as torch raises.
@@ -124,6 +132,7 @@ class DataLoader(Generic[T_co]):
         in_order: bool = True,
         tensor_type: str | None = None,
         worker_mode: str = "process",
+        skip_errors: int | float = 0,
     ) -> None:
         _check_num_workers(num_workers)
         if timeout < 0:
@@ -150,6 +159,7 @@ class DataLoader(Generic[T_co]):
         if worker_mode not in _WORKER_MODES:
             raise ValueError(f"worker_mode must be one of {_WORKER_MODES}, got {worker_mode!r}.")
         _random.check_generator(generator)
+        _check_skip_errors(skip_errors)
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -164,6 +174,17 @@ class DataLoader(Generic[T_co]):
         self.generator = generator
 
         self._iterable = is_iterable_dataset(dataset)
+        self.skip_errors: int | float = (
+            float(skip_errors)
+            if isinstance(skip_errors, (float, np.floating))
+            else int(skip_errors)
+        )
+        if self._iterable and skip_errors:
+            raise ValueError(
+                "skip_errors applies to map-style datasets only, got an IterableDataset "
+                f"with skip_errors={skip_errors!r}: skip failing samples inside the "
+                "dataset's __iter__, or leave skip_errors=0."
+            )
         if self._iterable:
             if shuffle not in (False, None):
                 raise ValueError(
@@ -294,7 +315,20 @@ class DataLoader(Generic[T_co]):
                 self.drop_last,
                 self.batch_size,
             )
-        return MapFetcher(self.dataset, self._auto_collation, self.collate_fn)
+        return MapFetcher(
+            self.dataset, self._auto_collation, self.collate_fn, bool(self.skip_errors)
+        )
+
+    def _skip_cap(self) -> int:
+        """How many failing samples an epoch may skip (0: the first one raises)."""
+        skip = self.skip_errors
+        if not isinstance(skip, float):
+            return int(skip)
+        try:
+            n = len(self.sampler)
+        except TypeError:
+            n = len(self.dataset)
+        return math.floor(skip * n)
 
     def _resolved_pin_device(self) -> str | None:
         """Where batches are pinned, or None; decided (and warned about) once per loader."""
@@ -325,8 +359,9 @@ class DataLoader(Generic[T_co]):
         number = resume["epoch"] if resume is not None else self._next_epoch
         self._next_epoch = number + 1
         state = self._sampler_state()
+        cap = self._skip_cap()
         if resume is None or resume["dataset"] is not None:  # the dataset resumes itself
-            self._current = Epoch(number, self._seed(), self._tasks(), state)
+            self._current = Epoch(number, self._seed(), self._tasks(), state, skip_cap=cap)
         else:
             self._current = Epoch(
                 number,
@@ -336,6 +371,8 @@ class DataLoader(Generic[T_co]):
                 delivered=resume["delivered"],
                 delivered_beyond=frozenset(resume["delivered_beyond"]),
                 refetch=self._iterable,
+                skipped=resume["skipped"],
+                skip_cap=cap,
             )
         return self._current
 
@@ -361,9 +398,10 @@ class DataLoader(Generic[T_co]):
             return dict(self._resume)
         if cur is None or cur.finished:
             epoch, delivered, beyond, sampler = self._next_epoch, 0, [], self._sampler_state()
+            skipped = 0
         else:
             epoch, delivered, beyond = cur.number, cur.prefix, sorted(cur.beyond)
-            sampler = cur.sampler_state
+            sampler, skipped = cur.sampler_state, cur.skipped
         get_dataset_state = getattr(self.dataset, "state_dict", None)
         return {
             "version": STATE_VERSION,
@@ -371,6 +409,7 @@ class DataLoader(Generic[T_co]):
             "epoch": epoch,
             "delivered": delivered,
             "delivered_beyond": beyond,
+            "skipped": skipped,
             "sampler": sampler,
             "dataset": get_dataset_state()
             if get_dataset_state is not None and self._iterable and self.num_workers == 0
@@ -466,6 +505,27 @@ class DataLoader(Generic[T_co]):
                 UserWarning,
                 stacklevel=3,
             )
+
+
+def _check_skip_errors(skip_errors: object) -> None:
+    """Validate ``skip_errors``: an int >= 0 or a float in (0, 1)."""
+    if isinstance(skip_errors, bool) or not isinstance(
+        skip_errors, (int, float, np.integer, np.floating)
+    ):
+        raise TypeError(
+            "skip_errors must be an int >= 0 (how many failing samples an epoch may skip) "
+            f"or a float in (0, 1) (what fraction), got {skip_errors!r}."
+        )
+    if isinstance(skip_errors, (float, np.floating)):
+        if not 0 < skip_errors < 1:
+            raise ValueError(
+                f"skip_errors as a float is a fraction of the epoch's samples and must be in "
+                f"(0, 1), got {skip_errors}; pass an int for a count (0 to raise)."
+            )
+    elif skip_errors < 0:
+        raise ValueError(
+            f"skip_errors must be >= 0 (0 raises on a failing sample), got {skip_errors}."
+        )
 
 
 def _check_num_workers(num_workers: object) -> None:

@@ -5,22 +5,37 @@ its own (seed, e), the batch's augmentations from a seed mixed from all three), 
 checkpoint is a handful of counters: no data, no RNG dumps. It is JSON-serialisable::
 
     {"version": 1, "seed": 123, "epoch": 4, "delivered": 17, "delivered_beyond": [],
-     "sampler": {...}, "dataset": None}
+     "skipped": 0, "sampler": {...}, "dataset": None}
 
 ``delivered`` counts the batches of ``epoch`` handed to the training loop (with
 ``in_order=False``, ``delivered_beyond`` lists the ones delivered ahead of that prefix).
 ``sampler`` is the batch sampler's state *before* the epoch was drawn, so loading it
 draws the same epoch again; the delivered batches are then skipped without being fetched.
+``skipped`` counts the samples of those batches left out because they failed to load
+(``skip_errors``), so the cap counts across a resume.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 STATE_VERSION = 1
-_KEYS = ("version", "seed", "epoch", "delivered", "delivered_beyond", "sampler", "dataset")
+_KEYS = (
+    "version",
+    "seed",
+    "epoch",
+    "delivered",
+    "delivered_beyond",
+    "skipped",
+    "sampler",
+    "dataset",
+)
+_INDICES_SHOWN = 8
 
 
 class Epoch:
@@ -40,6 +55,8 @@ class Epoch:
         seed: the loader's base seed.
         tasks: ``(k, task)`` pairs still to run.
         sampler_state: the batch sampler's state before this epoch was drawn, or None.
+        skipped: samples of this epoch's delivered batches skipped as failing to load.
+        skip_cap: how many may be skipped (0: none, a failing sample raises).
     """
 
     def __init__(
@@ -52,6 +69,8 @@ class Epoch:
         delivered: int = 0,
         delivered_beyond: frozenset[int] = frozenset(),
         refetch: bool = False,
+        skipped: int = 0,
+        skip_cap: int = 0,
     ) -> None:
         self.number = number
         self.seed = seed
@@ -59,6 +78,10 @@ class Epoch:
         self.prefix = delivered
         self.beyond = set(delivered_beyond)
         self.finished = False
+        self.skipped = skipped
+        self.skip_cap = skip_cap
+        self._failed: list[Any] = []
+        self._first_error = ""
         numbered: Iterator[tuple[int, Any]] = enumerate(tasks)
         if not refetch and (delivered or delivered_beyond):
             numbered = itertools.islice(numbered, delivered, None)
@@ -78,6 +101,40 @@ class Epoch:
             self.beyond.remove(self.prefix)
             self.prefix += 1
         return True
+
+    def skip(self, k: int, record: tuple[list[Any], str, bool]) -> None:
+        """Count the samples batch ``k`` skipped (a fetcher's ``take_skipped()`` record).
+
+        Called when the batch's turn comes, so the count (and where the cap is exceeded)
+        does not depend on which worker loaded what, or when.
+
+        Raises:
+            RuntimeError: more samples failed this epoch than ``skip_cap`` allows.
+        """
+        failed, error, dropped = record
+        self.skipped += len(failed)
+        if not self._first_error:
+            self._first_error = error
+        self._failed.extend(failed[: _INDICES_SHOWN - len(self._failed)])
+        log.warning(
+            "DataLoader skipped %d sample(s) of batch %d of epoch %d that failed to load%s: "
+            "indices %s; first error: %s (%d skipped this epoch, at most %d allowed).",
+            len(failed),
+            k,
+            self.number,
+            " (the whole batch is dropped)" if dropped else "",
+            failed[:_INDICES_SHOWN],
+            error,
+            self.skipped,
+            self.skip_cap,
+        )
+        if self.skipped > self.skip_cap:
+            raise RuntimeError(
+                f"{self.skipped} samples of epoch {self.number} failed to load, more than the "
+                f"{self.skip_cap} that skip_errors allows; first failing indices "
+                f"{self._failed}, first error: {self._first_error}. Fix the data (or the "
+                "dataset's __getitem__), or raise skip_errors."
+            )
 
     def finish(self) -> None:
         """Record that every batch of the epoch was delivered."""
@@ -109,7 +166,7 @@ def check_state(sd: object) -> dict[str, Any]:
             f"DataLoader state has version {sd['version']!r}, this stoker reads version "
             f"{STATE_VERSION}: resume with the stoker release that saved it."
         )
-    for key in ("seed", "epoch", "delivered"):
+    for key in ("seed", "epoch", "delivered", "skipped"):
         value = sd[key]
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"DataLoader state field {key!r} must be an int, got {value!r}.")

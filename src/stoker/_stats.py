@@ -33,7 +33,7 @@ class LoaderStatistics:
         bytes_moved: bytes of the arrays and tensors delivered.
         shared_memory_bytes: shared memory the main process has mapped for batches.
         prefetch_depth: tasks in flight at the latest delivery.
-        skipped_samples: samples skipped because they failed to load (none yet).
+        skipped_samples: samples left out because they failed to load (``skip_errors``).
         num_workers: workers in use now (0 in process).
         prefetch_factor: tasks in flight per worker allowed now (None in process).
         autotune: the autotuner's decisions, oldest first (empty without ``"auto"``).
@@ -111,6 +111,7 @@ class StatsRecorder:
         "last",
         "prefetch",
         "samples",
+        "skipped",
         "start",
         "wait",
         "workers",
@@ -125,6 +126,7 @@ class StatsRecorder:
         self.batched = batched
         self.batches = 0
         self.samples = 0
+        self.skipped = 0
         self.wait = 0.0
         self.bytes = 0
         self.busy = [0.0] * max(1, workers)
@@ -172,7 +174,7 @@ class StatsRecorder:
             bytes_moved=self.bytes,
             shared_memory_bytes=shm,
             prefetch_depth=depth,
-            skipped_samples=0,
+            skipped_samples=self.skipped,
             num_workers=self.workers,
             prefetch_factor=self.prefetch,
             autotune=tuple(self.decisions),

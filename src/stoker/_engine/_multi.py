@@ -197,9 +197,14 @@ class MultiWorkerIterator:
         while True:
             got = self._pop_ready()
             if got is not None:
-                k, item = got
+                k, item, skipped = got
+                if skipped is not None:  # counted in task order: the same in every run
+                    self._epoch_state.skip(k, skipped)  # raises past the cap
+                    self._stats.skipped += len(skipped[0])
                 if not self._epoch_state.deliver(k):
                     continue  # delivered before the checkpoint this epoch resumes from
+                if skipped is not None and skipped[2]:
+                    continue  # every sample of the batch failed: it is dropped
                 return self._deliver(item, entered)
             if not any(self._outstanding) and (self._tasks_done or not any(self._active)):
                 self._stats.ended(entered)
@@ -289,13 +294,13 @@ class MultiWorkerIterator:
         k = self._k_of.pop(idx)
         if kind == "ok":
             self._stats.busy[wid] += msg[6]  # the worker's fetch + collate seconds
-            self._ready[idx] = (k, self._pool.decode(wid, msg))
+            self._ready[idx] = (k, self._pool.decode(wid, msg), msg[7])  # msg[7]: skipped
         elif kind == "end":
             self._active[wid] = False
             if self._in_order:
                 self._ready[idx] = _SKIP
         else:
-            self._ready[idx] = (k, _Failure(msg[3]))
+            self._ready[idx] = (k, _Failure(msg[3]), None)
 
     def _shutdown(self) -> None:
         """Stop the workers now (also done on garbage collection)."""

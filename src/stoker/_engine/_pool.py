@@ -346,7 +346,7 @@ class ProcessPool:
     def decode(self, wid: int, msg: tuple[Any, ...]) -> Any:
         """The batch of an "ok" message from worker ``wid``."""
         w = self.workers[wid]
-        slot, payload, retired = msg[3], msg[4], msg[5]  # msg[6]: busy seconds
+        slot, payload, retired = msg[3], msg[4], msg[5]  # [6]: busy s, [7]: skipped
         if retired:
             w.maps.drop(retired)
         if slot is not None:

@@ -17,13 +17,14 @@ class SingleProcessIterator:
     """One epoch of a DataLoader with ``num_workers=0``, batch by batch on ``__next__``.
 
     Before batch ``k`` is fetched, the global RNGs are seeded from (seed, epoch, k), exactly
-    as a worker would seed them, so augmentations match those of any worker count.
+    as a worker would seed them, so augmentations match those of any worker count. With
+    ``skip_errors``, a batch whose samples all failed is dropped (the next one is fetched).
     """
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         self._loader = loader
         self._epoch = loader._start_epoch()
-        self._fetch = loader._make_fetcher().fetch
+        self._fetch = loader._make_fetcher().fetch_skipping
         self._pin_device = loader._resolved_pin_device()
         self._iterable = loader._iterable
         self._yielded = 0
@@ -40,12 +41,15 @@ class SingleProcessIterator:
             try:
                 k, task = next(epoch.tasks)
                 seed_globals(mix_seed(epoch.seed, epoch.number, k))
-                data = self._fetch(task)
+                data, skipped = self._fetch(task)
             except StopIteration:
                 self._stats.ended(entered)
                 epoch.finish()
                 raise
-            if epoch.deliver(k):
+            if skipped is not None:
+                epoch.skip(k, skipped)  # raises past the cap
+                self._stats.skipped += len(skipped[0])
+            if epoch.deliver(k) and (skipped is None or not skipped[2]):
                 break
         if self._pin_device is not None:
             data = pin(data, self._pin_device)

@@ -8,8 +8,9 @@ Messages, main -> worker: a list of tasks ``(generation, index, task, seed,
 freed_slot_ids, dtype)`` (see :func:`~stoker._engine._transport.pack_tasks`; all the
 tasks the main process had for this worker at once: one pipe message, one wake-up),
 ``("free", freed_slot_ids)``, or ``None`` (stop). Worker -> main:
-``("ok", generation, index, slot, payload, retired_segments, busy_seconds)`` (busy: the
-fetch + collate time, for ``loader.statistics()``),
+``("ok", generation, index, slot, payload, retired_segments, busy_seconds, skipped)`` (busy:
+the fetch + collate time, for ``loader.statistics()``; skipped: None, or the samples left
+out with ``skip_errors``, see :meth:`~stoker._fetch.MapFetcher.fetch_skipping`),
 ``("end", generation, index)`` (an iterable dataset is exhausted) or
 ``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
 ``("err", -1, -1, RemoteError)`` when start-up failed.
@@ -252,7 +253,7 @@ def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
         seed_globals(seed)
         arena.begin(ahead=bool(pending))
         try:
-            data = fetcher.fetch(task, alloc=arena.alloc)
+            data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
             slot, payload = encode(data, arena)
             del data
         except StopIteration:
@@ -267,7 +268,8 @@ def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
             conn.send(("err", gen, index, RemoteError(exc, _where(args, task))))
             continue
         busy = time.perf_counter() - started
-        conn.send_bytes(dumps(("ok", gen, index, slot, payload, arena.take_retired(), busy)))
+        retired = arena.take_retired()
+        conn.send_bytes(dumps(("ok", gen, index, slot, payload, retired, busy, skipped)))
 
 
 def _stop_iteration_error(args: WorkerArgs, task: Any) -> RemoteError:
@@ -309,8 +311,8 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
             started = time.perf_counter()
             try:
                 assert args.rng_guard is not None
-                data = args.rng_guard.fetch(fetcher.fetch, task, seed)
-                if args.pin_device is not None:
+                data, skipped = args.rng_guard.fetch(fetcher.fetch_skipping, task, seed)
+                if args.pin_device is not None and data is not None:
                     data = pin(data, args.pin_device)
             except StopIteration:
                 reply: tuple[Any, ...] = ("end", gen, index)
@@ -325,7 +327,7 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
                 outbox.put((wid, ("err", gen, index, RemoteError(exc, where, keep_object=True))))
                 continue
             busy = time.perf_counter() - started
-            outbox.put((wid, ("ok", gen, index, None, data, None, busy)))
+            outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped)))
     finally:
         set_worker_info(None, whole_process=False)
 
