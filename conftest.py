@@ -1,5 +1,6 @@
 """Doctest set-up. Public objects report ``__module__ == "stoker"``, so their doctests are
-collected once, through ``stoker/__init__.py``, where ``np`` is provided here."""
+collected once, through ``stoker/__init__.py``: the public names (loaded lazily) are loaded
+here first, and ``np`` is provided."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+import stoker
+
+for _name in stoker.__all__:
+    getattr(stoker, _name)
 
 
 @pytest.fixture(autouse=True)

@@ -54,8 +54,8 @@ def versions() -> dict[str, str]:
 
 def command() -> str:
     """The command line that ran this program, as a user would type it from the repo root."""
-    argv = list(sys.orig_argv)
-    argv[0] = "python"
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+    argv = ["python", *(a.removeprefix(root) for a in sys.orig_argv[1:])]
     return " ".join(argv)
 
 

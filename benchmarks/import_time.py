@@ -30,7 +30,12 @@ def wall(code: str) -> float:
 
 def main() -> None:
     args = harness.cli(__doc__ or "", repeats=15)
-    codes = {"python": "pass", "stoker": "import stoker"}
+    codes = {
+        "python": "pass",
+        "stoker": "import stoker",
+        "numpy": "import numpy",
+        "from stoker import DataLoader": "from stoker import DataLoader",
+    }
     if importlib.util.find_spec("torch") is not None:
         codes["torch.utils.data"] = "import torch.utils.data"
     times: dict[str, list[float]] = {k: [] for k in codes}

@@ -61,13 +61,18 @@ def test_dataloader_signature_matches_torch() -> None:
 
 
 def test_import_is_light() -> None:
-    """`import stoker` imports neither torch nor Pillow (a fresh interpreter checks)."""
+    """`import stoker` imports neither torch nor Pillow, nor even NumPy until a name is used."""
     code = (
         "import sys, stoker, stoker.errors; "
-        "heavy = [m for m in ('torch', 'PIL', 'simplejpeg', 'lmdb', 'fsspec') "
+        "heavy = [m for m in ('numpy', 'torch', 'PIL', 'simplejpeg', 'lmdb', 'fsspec') "
         "if m in sys.modules]; print(heavy)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]"
+    code = "import sys; from stoker import DataLoader; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "False"

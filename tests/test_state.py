@@ -12,8 +12,8 @@ import pytest
 
 from stoker import DataLoader, Dataset, IterableDataset
 
-MODES = [(0, "process"), (1, "process"), (2, "process"), (3, "process"), (1, "thread"), (2, "thread"),
-         (3, "thread")]  # fmt: skip
+MODES = [(0, "process"), (1, "process"), (2, "process"), (3, "process"),
+         (1, "thread"), (2, "thread"), (3, "thread")]  # fmt: skip
 MODE_IDS = [f"{n}{m[0]}" for n, m in MODES]
 
 

@@ -7,30 +7,82 @@ NumPy arrays. The contract is API.md; the map of modules is ``src/stoker/README.
 
 from __future__ import annotations
 
-from stoker._collate import default_collate, default_convert
-from stoker._dataset import (
-    ChainDataset,
-    ConcatDataset,
-    Dataset,
-    IterableDataset,
-    StackDataset,
-    Subset,
-    TensorDataset,
-    random_split,
-)
-from stoker._distributed import DistributedSampler, ShardedIterable
-from stoker._loader import DataLoader
-from stoker._sampler import (
-    BatchSampler,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    SubsetRandomSampler,
-    WeightedRandomSampler,
-)
-from stoker._stats import LoaderStatistics
-from stoker._strings import StringArray
-from stoker._worker_info import WorkerInfo, get_worker_info
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stoker._collate import default_collate, default_convert
+    from stoker._dataset import (
+        ChainDataset,
+        ConcatDataset,
+        Dataset,
+        IterableDataset,
+        StackDataset,
+        Subset,
+        TensorDataset,
+        random_split,
+    )
+    from stoker._distributed import DistributedSampler, ShardedIterable
+    from stoker._loader import DataLoader
+    from stoker._sampler import (
+        BatchSampler,
+        RandomSampler,
+        Sampler,
+        SequentialSampler,
+        SubsetRandomSampler,
+        WeightedRandomSampler,
+    )
+    from stoker._stats import LoaderStatistics
+    from stoker._strings import StringArray
+    from stoker._worker_info import WorkerInfo, get_worker_info
+
+# Where each public name lives. ``import stoker`` loads none of it (NumPy alone takes
+# ~0.1 s): a name's module is imported on first use, e.g. by ``from stoker import X``.
+_HOME = {
+    "default_collate": "_collate",
+    "default_convert": "_collate",
+    "ChainDataset": "_dataset",
+    "ConcatDataset": "_dataset",
+    "Dataset": "_dataset",
+    "IterableDataset": "_dataset",
+    "StackDataset": "_dataset",
+    "Subset": "_dataset",
+    "TensorDataset": "_dataset",
+    "random_split": "_dataset",
+    "DistributedSampler": "_distributed",
+    "ShardedIterable": "_distributed",
+    "DataLoader": "_loader",
+    "BatchSampler": "_sampler",
+    "RandomSampler": "_sampler",
+    "Sampler": "_sampler",
+    "SequentialSampler": "_sampler",
+    "SubsetRandomSampler": "_sampler",
+    "WeightedRandomSampler": "_sampler",
+    "LoaderStatistics": "_stats",
+    "StringArray": "_strings",
+    "WorkerInfo": "_worker_info",
+    "get_worker_info": "_worker_info",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+    module = importlib.import_module(f"stoker.{home}")
+    # Public objects report the public path, so tracebacks read ``stoker.RandomSampler``
+    # and pickles (sent to workers, stored in checkpoints) survive moving a private module.
+    for public, where in _HOME.items():
+        if where == home:
+            obj = getattr(module, public)
+            obj.__module__ = "stoker"
+            globals()[public] = obj
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
+
 
 __version__ = "0.1.0"
 
@@ -59,9 +111,3 @@ __all__ = [
     "get_worker_info",
     "random_split",
 ]
-
-# Public objects report the public path, so tracebacks read ``stoker.RandomSampler`` and
-# pickles (sent to workers, stored in checkpoints) survive moving a private module.
-for _name in __all__:
-    globals()[_name].__module__ = "stoker"
-del _name
