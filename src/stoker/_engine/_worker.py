@@ -49,32 +49,49 @@ class RngGuard:
     """Keeps thread workers deterministic when a dataset draws from the global RNGs.
 
     Threads share Python's ``random``, NumPy's global RNG and torch's, so a batch can only
-    get its own (seed, epoch, k) stream if no other thread draws meanwhile. The first batch
-    is fetched under the lock and tells whether the dataset draws at all: if it does, every
-    batch is seeded and fetched under the lock (thread workers then fetch one at a time;
-    use process workers for parallel augmentation); if not, threads fetch in parallel.
-    One lock for the whole process, since the RNGs are process-wide.
+    get its own (seed, epoch, k) stream if no other thread draws meanwhile. Until the
+    dataset has shown whether it draws, batches are fetched in parallel, unseeded, and the
+    global RNG states are compared around each fetch: a fetch during which no state moved
+    did not depend on them, so its batch stands and later ones run in parallel; if a state
+    moved, the dataset draws, and that batch and every later one is fetched again seeded,
+    under the lock, one at a time (use process workers for parallel augmentation). One lock
+    for the whole process, since the RNGs are process-wide.
     """
 
     lock = threading.Lock()
 
     def __init__(self) -> None:
-        self.serial: bool | None = None  # None until the first batch tells
+        self.serial: bool | None = None  # None until a fetch tells
+        self._cond = threading.Condition()
+        self._probing = 0  # unseeded fetches in flight; seeded ones wait for them
 
     def fetch(self, fetch: Callable[[Any], Any], task: Any, seed: int) -> Any:
         """``fetch(task)`` with the global RNGs seeded from ``seed`` for it alone."""
+        if self.serial is None:
+            with self._cond:
+                probe = self.serial is None
+                self._probing += probe
+            if probe:
+                moved = True
+                try:
+                    before = _rng_states()
+                    data = fetch(task)
+                    moved = _rng_states() != before
+                finally:
+                    with self._cond:
+                        self._probing -= 1
+                        if self.serial is None:
+                            self.serial = moved
+                        self._cond.notify_all()
+                if not moved:  # nothing drew while it ran: the batch does not depend on it
+                    return data
         if self.serial is False:
             return fetch(task)
+        with self._cond:  # no unseeded fetch may draw from a seeded batch's stream
+            self._cond.wait_for(lambda: self._probing == 0)
         with self.lock:
-            if self.serial in (None, True):  # not decided while this thread queued here
-                seed_globals(seed)  # fetch in parallel below once it is False
-                if self.serial is not None:
-                    return fetch(task)
-                before = _rng_states()
-                data = fetch(task)
-                self.serial = _rng_states() != before
-                return data
-        return fetch(task)
+            seed_globals(seed)
+            return fetch(task)
 
 
 def _rng_states() -> tuple[Any, ...]:
