@@ -52,6 +52,7 @@ def main() -> None:
     print(f"  extra cost of resuming deep: {extra_ms:.2f} ms (target < 50 ms)")
     record = {
         "workload": "resume_cost",
+        "command": harness.command(),
         "config": {"samples": N, "batch_size": BATCH, "deep": DEEP},
         "repeats": args.repeats,
         "cores": harness.os.cpu_count(),

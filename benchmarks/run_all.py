@@ -7,16 +7,15 @@ Each program (see ``PROGRAMS``) runs as a subprocess with its own arguments, ``-
 passed through, its table printed as it goes. W4's image benchmark compares against
 torchvision, which need not be installed beside stoker: it runs with the interpreter given
 by ``--torchvision-python``, else with this one when torchvision imports here, else it is
-skipped with a note. The command that produced each results file is recorded in
-``results/commands.json``, which ``report.py`` quotes under each table. The exit status is
-1 when any program failed.
+skipped with a note. Each results file records the command that made it (see
+``harness.py``), which ``report.py`` quotes under its table. The exit status is 1 when any
+program failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import shlex
 import subprocess
 import sys
@@ -27,7 +26,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-COMMANDS = RESULTS / "commands.json"
 _PROGRAM_TIMEOUT_S = 3600.0
 """The longest one program may run before it is stopped and counted as failed."""
 
@@ -91,19 +89,6 @@ def shown(argv: list[str]) -> str:
     return shlex.join([python, str(rel), *argv[2:]])
 
 
-def _stamps() -> dict[str, float]:
-    """Modification times of the results files, by workload name."""
-    return {p.stem: p.stat().st_mtime for p in RESULTS.glob("*.json") if p != COMMANDS}
-
-
-def record_commands(made: dict[str, str]) -> None:
-    """Merge ``{workload: command}`` into ``results/commands.json``."""
-    known: dict[str, str] = json.loads(COMMANDS.read_text()) if COMMANDS.exists() else {}
-    known.update(made)
-    RESULTS.mkdir(exist_ok=True)
-    COMMANDS.write_text(json.dumps(dict(sorted(known.items())), indent=2) + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the selected programs in order; returns 1 if any failed."""
     parser = argparse.ArgumentParser(
@@ -124,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
             f"got {sorted(unknown)}."
         )
     summary: list[tuple[str, str]] = []
-    made: dict[str, str] = {}
     for program in PROGRAMS:
         if only and program.script not in only:
             continue
@@ -138,27 +122,21 @@ def main(argv: list[str] | None = None) -> int:
             print(shown(cmd))
             continue
         print(f"\n=== {shown(cmd)}", flush=True)
-        before = _stamps()
         t0 = time.perf_counter()
         try:
             status = subprocess.run(cmd, cwd=ROOT, timeout=_PROGRAM_TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:
             status = -1
         seconds = time.perf_counter() - t0
-        for workload, stamp in _stamps().items():
-            if before.get(workload) != stamp:
-                made[workload] = shown(cmd)
         outcome = "ok" if status == 0 else f"FAILED (status {status})"
         summary.append((program.name, f"{outcome}, {seconds:.1f} s"))
     if args.list:
         return 0
-    if made:
-        record_commands(made)
     print("\nsummary:")
     for name, outcome in summary:
         print(f"  {name:<32} {outcome}")
     failed = any("FAILED" in outcome for _, outcome in summary)
-    if not args.no_report and made:
+    if not args.no_report:
         report = [sys.executable, str(HERE / "report.py")]
         failed |= subprocess.run(report, cwd=ROOT, timeout=_PROGRAM_TIMEOUT_S).returncode != 0
     return 1 if failed else 0

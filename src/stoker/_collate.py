@@ -29,8 +29,6 @@ from stoker.errors import CollateError
 
 __all__ = ["DefaultCollate", "collate", "convert", "default_collate", "default_convert"]
 
-TENSOR_TYPES = (None, "numpy", "torch")
-
 # Kinds of leaf or container, in torch's order of dispatch (a float subclass is a float, ...).
 _TENSOR, _ARRAY, _NPSCALAR, _FLOAT, _INT, _STR, _MAPPING, _NAMEDTUPLE, _SEQUENCE, _OTHER = range(10)
 _NUMBER_KINDS = (_NPSCALAR, _FLOAT, _INT)

@@ -138,7 +138,6 @@ class Arena:
     names: set[str] = field(default_factory=set)
     hint: int = 0
     current: Slot | None = None
-    overflow: int = 0
     _seq: int = 0
     _spare: _SpareSlot | None = None
 
@@ -153,7 +152,6 @@ class Arena:
         after this one. Without a waiting task (the end of an epoch, or a slow consumer) a
         slot usually comes back first, and a spare would only delay the worker's exit.
         """
-        self.overflow = 0
         self.current = self._take(self.hint) if self.hint else None
         if ahead and self.hint >= _SPARE_MIN_BYTES and not self.free and self._spare is None:
             # Known to close() before its thread runs, even if a signal interrupts start().
@@ -170,7 +168,6 @@ class Arena:
             self.current = self._create(nbytes + nbytes // 4 + _FIRST_SLOT_HEADROOM)
         view = self.bump(nbytes)
         if view is None:
-            self.overflow += _round_up(nbytes, ALIGN)
             return np.empty(shape, dtype)
         return view.view(dtype).reshape(shape)
 

@@ -41,11 +41,6 @@ _FIX = (
 )
 
 
-def has_simplejpeg() -> bool:
-    """Whether the ``simplejpeg`` decoder is importable."""
-    return _simplejpeg is not None
-
-
 def decode_error(path: str | os.PathLike[str], exc: BaseException) -> BaseException:
     """The error to raise for ``exc`` while reading ``path``: same kind, naming the file."""
     msg = f"cannot decode image file {os.fspath(path)!r}: {exc}. {_FIX}"
@@ -218,8 +213,3 @@ def jpeg_size_pillow(data: bytes, path: str) -> tuple[int, int, str]:
             return img.size[1], img.size[0], img.mode
     except (*_DECODE_ERRORS, Image.DecompressionBombError) as exc:
         raise decode_error(path, exc) from exc
-
-
-def as_hwc(img: Image.Image) -> np.ndarray[Any, Any]:
-    """An RGB PIL image's pixels as an H x W x 3 uint8 array (no copy)."""
-    return np.asarray(img)

@@ -100,11 +100,6 @@ def setup_size(size: object, error_msg: str) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def is_pil(img: object) -> bool:
-    """Whether ``img`` is a PIL image."""
-    return isinstance(img, Image.Image)
-
-
 def check_image(img: object, who: str) -> None:
     """Raise ``TypeError`` unless ``img`` is a PIL image or an H x W (x C) NumPy array."""
     if isinstance(img, Image.Image):
