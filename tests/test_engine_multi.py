@@ -225,6 +225,37 @@ def test_slots_are_reused_not_grown() -> None:
     del loader, arena_segments
 
 
+class _SlowFirst:
+    """Sample 0 waits (bounded) for a sign that other workers ran past the window."""
+
+    def __init__(self, ran_ahead: Any) -> None:
+        self.ran_ahead = ran_ahead
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 0:
+            return np.array(self.ran_ahead.wait(0.5))  # a bug shows well within this
+        if i >= 6:  # only reachable before sample 0 is delivered if the window leaks
+            self.ran_ahead.set()
+        return np.array(False)
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_in_order_window_bounds_a_fast_worker(kw: dict[str, Any]) -> None:
+    """While in-order delivery waits on a slow batch, no more than prefetch_factor *
+    num_workers tasks are out: the fast worker does not run ahead without bound."""
+    import multiprocessing
+    import threading
+
+    event = threading.Event() if kw.get("worker_mode") == "thread" else multiprocessing.Event()
+    loader = DataLoader(_SlowFirst(event), batch_size=1, num_workers=2, **kw)
+    batches = [bool(b[0]) for b in loader]
+    assert batches[0] is False  # nothing past task 3 was sent while task 0 was pending
+    assert len(batches) == 12
+
+
 def test_encode_decode_round_trip_and_slot_return() -> None:
     """The transport rebuilds arrays as views of the slot, and frees it with the last view."""
     arena = Arena(f"stoker_{os.getpid()}_unit_0_", keep_free=2)

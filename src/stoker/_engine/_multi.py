@@ -1,8 +1,10 @@
 """The worker-backed iterator: dispatch, prefetch window, ordering, timeouts and shutdown.
 
 :class:`MultiWorkerIterator` runs in the thread that iterates the loader. It keeps at most
-``prefetch_factor`` tasks in flight per worker (the tasks for one worker go out in one
-message; results that arrived together are handled before refilling), numbers them, and
+``prefetch_factor`` tasks in flight per worker, and ``prefetch_factor * num_workers`` tasks
+sent but not yet delivered in all (so a fast worker cannot run ahead of a slow one without
+bound while ``in_order`` waits for it; the tasks for one worker go out in one message;
+results that arrived together are handled before refilling), numbers them, and
 delivers the batches in task order (``in_order=True``) or as they come
 (``in_order=False``). Every batch of epoch
 ``e`` with index ``k`` is computed under a seed mixed from (base seed, e, k), so which
@@ -115,6 +117,7 @@ class MultiWorkerIterator:
         self._tasks_done = False
         self._send_idx = 0
         self._rcv_idx = 0
+        self._popped = 0  # results taken from _ready (delivered, skipped or raised)
         self._outstanding = [0] * self._num_workers
         self._task_worker: dict[int, int] = {}
         self._ready: dict[int, Any] = {}
@@ -152,7 +155,8 @@ class MultiWorkerIterator:
     def _refill(self) -> None:
         """Fill every worker's prefetch window; one message per worker for all its tasks."""
         sends: dict[int, list[Any]] = {}
-        while not self._tasks_done:
+        window = self._prefetch * self._num_workers
+        while not self._tasks_done and self._send_idx - self._popped < window:
             wid = self._choose()
             if wid is None:
                 break
@@ -197,6 +201,7 @@ class MultiWorkerIterator:
         while True:
             got = self._pop_ready()
             if got is not None:
+                self._refill()  # its place in the window is free: keep the workers busy
                 k, item, skipped = got
                 if skipped is not None:  # counted in task order: the same in every run
                     self._epoch_state.skip(k, skipped)  # raises past the cap
@@ -224,11 +229,14 @@ class MultiWorkerIterator:
             while ready.get(self._rcv_idx) is _SKIP:
                 del ready[self._rcv_idx]
                 self._rcv_idx += 1
+                self._popped += 1
             if self._rcv_idx in ready:
                 self._rcv_idx += 1
+                self._popped += 1
                 return ready.pop(self._rcv_idx - 1)
             return None
         if ready:
+            self._popped += 1
             return ready.pop(next(iter(ready)))
         return None
 
@@ -299,6 +307,8 @@ class MultiWorkerIterator:
             self._active[wid] = False
             if self._in_order:
                 self._ready[idx] = _SKIP
+            else:
+                self._popped += 1  # nothing to deliver: it leaves the window now
         else:
             self._ready[idx] = (k, _Failure(msg[3]), None)
 

@@ -175,6 +175,7 @@ class ProcessPool:
                 loader.worker_init_fn,
                 prefix,
                 keep_free=2 * prefetch + 2,  # in flight, held, frees in transit
+                steady=prefetch + 2,  # prefetched, held by the user, being written
                 window=n * prefetch,
                 import_torch=import_torch,
                 warm=warm[wid::n],

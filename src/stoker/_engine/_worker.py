@@ -117,6 +117,7 @@ class WorkerArgs:
         worker_init_fn: the user's hook, called with ``worker_id`` after seeding.
         prefix: the worker's shared-memory segment name prefix.
         keep_free: free slots the worker keeps for reuse.
+        steady: slots the worker needs once batches flow (see :class:`Arena`).
         window: slots in flight for the whole loader (for error messages).
         import_torch: import torch in the worker (the main process had it imported).
         pin_device: pin batches in the worker (thread workers only).
@@ -132,6 +133,7 @@ class WorkerArgs:
     worker_init_fn: Callable[[int], None] | None
     prefix: str = ""
     keep_free: int = 3
+    steady: int = 4
     window: int = 1
     import_torch: bool = False
     pin_device: str | None = None
@@ -218,7 +220,7 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
     """
     # Ctrl-C reaches the whole process group; the main process decides and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    arena = Arena(args.prefix, args.keep_free, args.window)
+    arena = Arena(args.prefix, args.keep_free, args.window, args.steady)
     arena.adopt(args.warm)
     args.warm = []
     try:
