@@ -299,3 +299,57 @@ def test_bfloat16_tensor_dataset_through_workers() -> None:
     loader = DataLoader(TensorDataset(x), batch_size=4, num_workers=1)
     got = torch.cat([b[0] for b in loader])
     assert got.dtype == torch.bfloat16 and torch.equal(got, x)
+
+
+class _MeetInBatch:
+    """Samples 1 and 2 can only load together (a barrier of two): one thread loading the
+    batch alone times out. Sample 0 costs a few milliseconds, as slow I/O would."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.meet = threading.Barrier(2, timeout=20)
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> Any:
+        import threading
+        import time
+
+        if i == 0:
+            time.sleep(0.003)  # the sample's own cost, not a synchronisation
+        if i in (1, 2):
+            self.meet.wait()
+        return np.array([i, threading.get_ident()])
+
+
+def test_thread_workers_split_a_slow_batch() -> None:
+    """Idle thread workers load samples of a slow batch; the batch keeps its order."""
+    loader = DataLoader(_MeetInBatch(), batch_size=16, num_workers=4, worker_mode="thread")
+    (batch,) = list(loader)
+    assert batch[:, 0].tolist() == list(range(16))
+    assert len(set(batch[:, 1].tolist())) >= 2
+
+
+class _SlowWithBadSamples:
+    """Sample 0 is slow (so the batch is split); samples 5 and 9 raise."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        if i == 0:
+            time.sleep(0.003)  # the sample's own cost
+        if i in (5, 9):
+            raise ValueError(f"bad sample {i}")
+        return np.array(i)
+
+
+def test_split_batch_raises_the_first_failing_sample() -> None:
+    """A split batch raises the error of its first failing sample, as one thread would."""
+    loader = DataLoader(_SlowWithBadSamples(), batch_size=12, num_workers=4, worker_mode="thread")
+    with pytest.raises(ValueError, match="bad sample 5"):
+        list(loader)

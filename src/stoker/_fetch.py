@@ -14,6 +14,7 @@ import numpy as np
 from stoker._batch import Alloc
 
 CollateFn = Callable[[Any], Any]
+MapFn = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
 Skipped = tuple[list[Any], str, bool]
 """What a fetch skipped: the failing sample indices, the first error (``"Type: message"``),
 and whether the whole batch was dropped."""
@@ -52,10 +53,16 @@ class MapFetcher:
         """The collated batch for ``index``; ``alloc`` goes to stoker's default collate."""
         return self.fetch_skipping(index, alloc)[0]
 
-    def fetch_skipping(self, index: Any, alloc: Alloc | None = None) -> tuple[Any, Skipped | None]:
-        """(batch, what was skipped or None); the batch is None when it is dropped."""
+    def fetch_skipping(
+        self, index: Any, alloc: Alloc | None = None, map_fn: MapFn | None = None
+    ) -> tuple[Any, Skipped | None]:
+        """(batch, what was skipped or None); the batch is None when it is dropped.
+
+        ``map_fn(fn, indices)`` loads the samples of a dataset without ``__getitems__``
+        in place of ``[fn(i) for i in indices]`` (thread workers split slow batches so).
+        """
         try:
-            data = self._load(index)
+            data = self._load(index, map_fn)
         except Exception as exc:
             if not self.skip_errors:
                 raise
@@ -65,7 +72,7 @@ class MapFetcher:
             return _call_collate(self.collate_fn, data, alloc), skipped
         return _call_collate(self.collate_fn, data, alloc), None
 
-    def _load(self, index: Any) -> Any:
+    def _load(self, index: Any, map_fn: MapFn | None = None) -> Any:
         ds = self.dataset
         if self.auto_collation:
             getitems = getattr(ds, "__getitems__", None)
@@ -75,6 +82,8 @@ class MapFetcher:
                 return getitems(index)
             if isinstance(index, np.ndarray):
                 index = index.tolist()
+            if map_fn is not None:
+                return map_fn(ds.__getitem__, index)
             return [ds[i] for i in index]
         return ds[index]
 

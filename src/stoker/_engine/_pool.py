@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker import _torch
 from stoker._engine import _shm
+from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, decode, dumps, pack_tasks
 from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
 from stoker.errors import WorkerError
@@ -418,11 +419,12 @@ class ThreadPool:
     ) -> None:
         self._closed = False
         self._outbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
-        self._inboxes: list[queue.SimpleQueue[Any]] = []
         self._threads: list[threading.Thread] = []
         n = loader._pool_workers()  # with autotune, the most workers it may use
         shared = None if loader._iterable else loader._make_fetcher()
         guard = RngGuard()
+        self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
+        board = HelpBoard(self._inboxes)
         for wid in range(n):
             fetcher = shared if shared is not None else loader._make_fetcher()
             args = WorkerArgs(
@@ -433,16 +435,15 @@ class ThreadPool:
                 loader.worker_init_fn,
                 pin_device=pin_device,
                 rng_guard=guard,
+                board=board,
             )
-            inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
             t = threading.Thread(
                 target=thread_worker,
-                args=(args, inbox, self._outbox),
+                args=(args, self._inboxes[wid], self._outbox),
                 daemon=True,
                 name=f"stoker-worker-{wid}",
             )
             t.start()
-            self._inboxes.append(inbox)
             self._threads.append(t)
 
     @property

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -36,6 +37,7 @@ import numpy.random  # loaded once here, not in each new worker (~8 ms each)
 from stoker import _torch
 from stoker._engine._pin import pin
 from stoker._engine._shm import Arena
+from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, RemoteError, dumps, encode, unpack_task
 from stoker._fetch import IterableFetcher, MapFetcher
 from stoker._random import seed_globals
@@ -65,8 +67,12 @@ class RngGuard:
         self._cond = threading.Condition()
         self._probing = 0  # unseeded fetches in flight; seeded ones wait for them
 
-    def fetch(self, fetch: Callable[[Any], Any], task: Any, seed: int) -> Any:
-        """``fetch(task)`` with the global RNGs seeded from ``seed`` for it alone."""
+    def fetch(
+        self, fetch: Callable[[Any], Any], task: Any, seed: int, seeded: Callable[[Any], Any]
+    ) -> Any:
+        """``fetch(task)``, or ``seeded(task)`` with the global RNGs seeded from ``seed``
+        for it alone (``seeded`` must not use other threads: they would draw out of order).
+        """
         if self.serial is None:
             with self._cond:
                 probe = self.serial is None
@@ -91,7 +97,7 @@ class RngGuard:
             self._cond.wait_for(lambda: self._probing == 0)
         with self.lock:
             seed_globals(seed)
-            return fetch(task)
+            return seeded(task)
 
 
 def _rng_states() -> tuple[Any, ...]:
@@ -122,6 +128,8 @@ class WorkerArgs:
         import_torch: import torch in the worker (the main process had it imported).
         pin_device: pin batches in the worker (thread workers only).
         rng_guard: the guard shared by a pool's thread workers (threads only).
+        board: where a pool's idle thread workers take samples of slow batches (threads
+            only; see :mod:`stoker._engine._split`).
         warm: (name, mmap) of segments an earlier worker of the loader used, inherited
             through fork; the arena starts with them as free slots.
     """
@@ -138,6 +146,7 @@ class WorkerArgs:
     import_torch: bool = False
     pin_device: str | None = None
     rng_guard: RngGuard | None = None
+    board: HelpBoard | None = None
     warm: list[Any] = field(default_factory=list)
 
 
@@ -315,11 +324,19 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
         outbox.put((wid, ("err", -1, -1, RemoteError(exc, where, keep_object=True))))
         return
     outbox.put((wid, ("ready", -1, -2)))
+    board = args.board
+    assert args.rng_guard is not None and board is not None
+    split = fetcher.fetch_skipping
+    if isinstance(fetcher, MapFetcher):
+        split = functools.partial(fetcher.fetch_skipping, map_fn=board.map)
     try:
         while True:
-            msg = inbox.get()
+            msg = board.next_message(wid, inbox)
             if msg is None:
                 return
+            if msg[0] == "help":  # samples of another thread's slow batch
+                msg[1].work()
+                continue
             gen, index, task, seed, _freed = msg
             if gen != generation:
                 generation = gen
@@ -329,8 +346,7 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
                 continue
             started = time.perf_counter()
             try:
-                assert args.rng_guard is not None
-                data, skipped = args.rng_guard.fetch(fetcher.fetch_skipping, task, seed)
+                data, skipped = args.rng_guard.fetch(split, task, seed, fetcher.fetch_skipping)
                 if args.pin_device is not None and data is not None:
                     data = pin(data, args.pin_device)
             except StopIteration:

@@ -1,0 +1,140 @@
+"""Splitting a slow batch's samples across idle worker threads.
+
+Thread workers each fetch whole batches. When a batch's samples are slow to load (I/O
+waits that release the GIL) and fewer batches are in flight than threads, the idle threads
+would wait while one thread loads a whole batch sample after sample. :class:`HelpBoard`
+lets a thread that loads a batch sample by sample hand single samples to idle threads: it
+times the first sample, and only when that took at least :data:`SPLIT_MIN_S` does it offer
+the rest (a fast dataset never pays for the offer). Results come back in index order, so the
+batch is the same as when one thread loads it; the first failing sample (in index order)
+raises, as a sequential load would.
+
+A thread worker about to wait for its inbox first helps any open job, then marks itself
+idle while it waits (:meth:`HelpBoard.next_message`); before each of its samples, the owner
+puts ``("help", job)`` into idle threads' inboxes, and a helper that reads it takes samples
+until none are left (:meth:`Job.work`). The owner takes samples too, so a batch never waits
+for a helper that has not come: it waits only for samples a helper has started.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+SPLIT_MIN_S = 0.0005
+"""A first sample slower than this is worth handing the others to idle threads."""
+
+
+class Job:
+    """One batch's samples, taken one at a time by its owner and any helpers."""
+
+    def __init__(self, fn: Callable[[Any], Any], items: list[Any], first: Any) -> None:
+        self._fn = fn
+        self._items = items
+        self._results: list[Any] = [first] + [None] * (len(items) - 1)
+        self._errors: dict[int, BaseException] = {}
+        self._next = 1
+        self._done = 1
+        self._cond = threading.Condition()
+
+    def left(self) -> int:
+        """Samples not taken yet."""
+        return len(self._items) - self._next
+
+    def work(self, offer: Callable[[Job], None] | None = None) -> None:
+        """Load samples until none is left to take (owner and helpers alike).
+
+        Args:
+            offer: the owner's; called before each sample, to hand samples to threads
+                that went idle since.
+        """
+        n = len(self._items)
+        while True:
+            if offer is not None:
+                offer(self)
+            with self._cond:
+                i = self._next
+                if i >= n:
+                    return
+                self._next += 1
+            try:
+                self._results[i] = self._fn(self._items[i])
+            except BaseException as exc:  # kept for the owner, which raises in index order
+                self._errors[i] = exc
+            with self._cond:
+                self._done += 1
+                if self._done == n:
+                    self._cond.notify_all()
+
+    def results(self) -> list[Any]:
+        """Every sample in index order, once all are loaded (the owner calls it).
+
+        Raises:
+            The exception of the first failing sample, in index order.
+        """
+        n = len(self._items)
+        with self._cond:
+            self._cond.wait_for(lambda: self._done == n)
+        # A helper may keep a stale reference to the job: it must not keep the samples, or
+        # an error whose traceback holds the loader's iterator (and so its threads) alive.
+        results, errors = self._results, self._errors
+        self._items, self._results, self._errors = [], [], {}
+        if errors:
+            raise errors[min(errors)]
+        return results
+
+
+class HelpBoard:
+    """Which thread workers of a pool are idle, and offers of samples to them."""
+
+    def __init__(self, inboxes: list[Any]) -> None:
+        self._inboxes = inboxes
+        self._idle: set[int] = set()
+        self._open: list[Job] = []  # jobs with owners working on them
+        self._lock = threading.Lock()
+
+    def next_message(self, wid: int, inbox: Any) -> Any:
+        """Thread ``wid``'s next message, after helping the open jobs."""
+        while self._open:
+            with self._lock:
+                job = next((j for j in self._open if j.left() > 0), None)
+            if job is None:
+                break
+            job.work()
+        with self._lock:
+            self._idle.add(wid)
+        msg = inbox.get()
+        with self._lock:
+            self._idle.discard(wid)
+        return msg
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        """``[fn(x) for x in items]``, with idle threads helping when ``fn`` is slow."""
+        items = list(items)
+        if not items:
+            return []
+        started = time.perf_counter()
+        first = fn(items[0])
+        if len(items) == 1 or time.perf_counter() - started < SPLIT_MIN_S:
+            return [first] + [fn(x) for x in items[1:]]
+        job = Job(fn, items, first)
+        with self._lock:
+            self._open.append(job)
+        try:
+            job.work(self._offer)
+        finally:
+            with self._lock:
+                self._open.remove(job)
+        return job.results()
+
+    def _offer(self, job: Job) -> None:
+        """Hand ``job`` to idle threads, one per sample left beyond the owner's next."""
+        if not self._idle:  # read without the lock: a miss only delays the offer a sample
+            return
+        with self._lock:
+            helpers = list(self._idle)[: job.left() - 1]
+            self._idle.difference_update(helpers)
+        for wid in helpers:
+            self._inboxes[wid].put(("help", job))
