@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker import _torch
 from stoker._engine import _shm
+from stoker._engine._buffers import BufferPool
 from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, decode, dumps, pack_tasks
 from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
@@ -62,6 +63,10 @@ _PARENT_ENDS: weakref.WeakSet[Any] = weakref.WeakSet()
 # by the main process: the next pool's workers (fork) start with them, instead of paying
 # for fresh shared memory every epoch (~1 ms per MiB here). Dropped with the loader.
 _WARM: weakref.WeakKeyDictionary[Any, list[tuple[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+# Per loader, the memory its thread workers collate large leaves into, reused every epoch.
+_BUFFERS: weakref.WeakKeyDictionary[Any, BufferPool] = weakref.WeakKeyDictionary()
 
 
 def _close_parent_ends_in_child() -> None:
@@ -423,6 +428,10 @@ class ThreadPool:
         n = loader._pool_workers()  # with autotune, the most workers it may use
         shared = None if loader._iterable else loader._make_fetcher()
         guard = RngGuard()
+        buffers = _BUFFERS.get(loader)
+        if buffers is None:
+            buffers = _BUFFERS[loader] = BufferPool(keep=n * prefetch + 2)
+        buffers.keep = max(buffers.keep, n * prefetch + 2)
         self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
         board = HelpBoard(self._inboxes)
         for wid in range(n):
@@ -436,6 +445,7 @@ class ThreadPool:
                 pin_device=pin_device,
                 rng_guard=guard,
                 board=board,
+                buffers=buffers,
             )
             t = threading.Thread(
                 target=thread_worker,

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.random  # loaded once here, not in each new worker (~8 ms each)
 
 from stoker import _torch
+from stoker._engine._buffers import BufferPool
 from stoker._engine._pin import pin
 from stoker._engine._shm import Arena
 from stoker._engine._split import HelpBoard
@@ -130,6 +131,7 @@ class WorkerArgs:
         rng_guard: the guard shared by a pool's thread workers (threads only).
         board: where a pool's idle thread workers take samples of slow batches (threads
             only; see :mod:`stoker._engine._split`).
+        buffers: the loader's reusable memory for large leaves (threads only).
         warm: (name, mmap) of segments an earlier worker of the loader used, inherited
             through fork; the arena starts with them as free slots.
     """
@@ -147,6 +149,7 @@ class WorkerArgs:
     pin_device: str | None = None
     rng_guard: RngGuard | None = None
     board: HelpBoard | None = None
+    buffers: BufferPool | None = None
     warm: list[Any] = field(default_factory=list)
 
 
@@ -326,9 +329,11 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
     outbox.put((wid, ("ready", -1, -2)))
     board = args.board
     assert args.rng_guard is not None and board is not None
-    split = fetcher.fetch_skipping
+    alloc = args.buffers.alloc if args.buffers is not None else None
+    whole = functools.partial(fetcher.fetch_skipping, alloc=alloc)
+    split = whole
     if isinstance(fetcher, MapFetcher):
-        split = functools.partial(fetcher.fetch_skipping, map_fn=board.map)
+        split = functools.partial(fetcher.fetch_skipping, alloc=alloc, map_fn=board.map)
     try:
         while True:
             msg = board.next_message(wid, inbox)
@@ -346,7 +351,7 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
                 continue
             started = time.perf_counter()
             try:
-                data, skipped = args.rng_guard.fetch(split, task, seed, fetcher.fetch_skipping)
+                data, skipped = args.rng_guard.fetch(split, task, seed, whole)
                 if args.pin_device is not None and data is not None:
                     data = pin(data, args.pin_device)
             except StopIteration:
