@@ -62,9 +62,8 @@ def child(which: str, workers: int) -> None:
         pids = lambda it: [p.pid for p in it._workers]  # noqa: E731
     else:
         import stoker
-        from stoker._strings import StringArray
 
-        packed = StringArray(
+        packed = stoker.StringArray(
             f"/data/train/n{i % 1000:08d}/n{i % 1000:08d}_{i:08d}.JPEG" for i in range(N)
         )  # streamed: the 2M str objects never exist at once
         loader = stoker.DataLoader(Names(packed), batch_size=BATCH, num_workers=workers)
@@ -101,22 +100,27 @@ def main() -> None:
 
         return go
 
-    record = harness.compare(
+    med: dict[str, dict[str, float]] = {}
+
+    def memory() -> dict[str, Any]:
+        """The median memory per contender, with the raw runs, for the JSON record."""
+        for k, v in mem.items():
+            med[k] = {m: statistics.median(r[m] for r in v) for m in ("pss_mb", "uss_mb")}
+        ratios = {m: med["stoker"][m] / med["torch"][m] for m in ("pss_mb", "uss_mb")}
+        return {"memory": {**med, "ratio_stoker_torch": ratios, "runs": mem}}
+
+    harness.compare(
         f"w6_memory_{args.workers}w",
         {"torch": run("torch"), "stoker": run("stoker")},
         repeats=args.repeats,
         config={"samples": N, "batch": BATCH, "workers": args.workers},
         warmup=False,
+        extra=memory,
     )
-    med = {
-        k: {m: statistics.median(r[m] for r in v) for m in ("pss_mb", "uss_mb")}
-        for k, v in mem.items()
-    }
     for k, v in med.items():
         print(f"{k}: workers' summed PSS {v['pss_mb']:,.1f} MB, USS {v['uss_mb']:,.1f} MB")
     for m in ("pss_mb", "uss_mb"):
         print(f"{m} ratio stoker/torch: {med['stoker'][m] / med['torch'][m]:.3f}")
-    record["memory"] = med
 
 
 if __name__ == "__main__":
