@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -53,11 +54,20 @@ def make_folder(root: Path, count: int, classes: int = 4, seed: int = 0) -> Path
     return root
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the workers of past epochs)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _epoch(loader: Any) -> dict[str, float]:
+    """One epoch: the images seen, and the CPU seconds spent (``cpu_s / images`` is the CPU
+    cost per image, steadier than the wall time when other programs share the cores)."""
     n = 0
+    cpu = _cpu_seconds()
     for images, _ in loader:
         n += len(images)
-    return {"images": float(n)}
+    return {"images": float(n), "cpu_s": _cpu_seconds() - cpu}
 
 
 def torch_contender(root: Path, workers: int) -> harness.Run:
@@ -111,7 +121,7 @@ def main() -> None:
         except NotImplementedError as exc:
             print(f"\nstoker with num_workers={workers} is not available yet: {exc}")
             continue
-        harness.compare(
+        record = harness.compare(
             f"w4_images_{workers}w",
             contenders,
             repeats=args.repeats,
@@ -124,6 +134,9 @@ def main() -> None:
             },
             warmup=not args.quick,
         )
+        for name, result in record["results"].items():
+            ms = statistics.median(1000 * r["cpu_s"] / r["images"] for r in result["runs"])
+            print(f"{name:<28} CPU per image (median): {ms:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -301,3 +301,86 @@ def test_imagefolder_in_stoker_dataloader(tree: Path) -> None:
     assert [b[0].shape for b in batches] == [(4, 3, 16, 16), (3, 3, 16, 16)]
     assert batches[0][0].dtype == np.float32
     assert sorted(np.concatenate([b[1] for b in batches]).tolist()) == [0, 0, 0, 0, 1, 1, 1]
+
+
+def _jpeg(arr: np.ndarray, **save: object) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "JPEG", quality=90, **save)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "save",
+    [
+        {"subsampling": "4:2:0"},
+        {"subsampling": "4:2:2"},
+        {"subsampling": "4:4:4"},
+        {"subsampling": "4:2:0", "restart_marker_rows": 1},
+        {"grey": True},
+    ],
+    ids=["420", "422", "444", "restart", "grey"],
+)
+def test_short_decode_gives_the_top_rows_exactly(save: dict[str, object]) -> None:
+    """A random crop's decode that stops at the crop's bottom row equals the full decode there."""
+    pytest.importorskip("simplejpeg")
+    arr = _photo(75, 50, 4)
+    if save.pop("grey", False):
+        arr = arr[:, :, 0].copy()
+    data = _jpeg(arr, **save)
+    full = _decode.decode_scaled(data, "x.jpg", (75, 50), 1, fast=True).copy()
+    for rows in (1, 9, 16, 17, 40, 74):
+        assert _decode.with_height(data, rows) is not None
+        top = _decode.decode_scaled(data, "x.jpg", (75, 50), 1, fast=True, rows=rows)
+        assert isinstance(top, np.ndarray) and top.shape[0] >= rows
+        np.testing.assert_array_equal(top[:rows], full[:rows])
+    halves = _decode.decode_scaled(data, "x.jpg", (75, 50), 2, fast=True, rows=40)
+    np.testing.assert_array_equal(
+        halves[:20], _decode.decode_scaled(data, "x.jpg", (75, 50), 2, fast=True)[:20]
+    )
+
+
+def test_short_decode_only_for_complete_sequential_files() -> None:
+    """Progressive files decode in full, and a file cut short still raises naming it."""
+    data = _jpeg(_photo(64, 48, 5))
+    assert _decode.with_height(_jpeg(_photo(64, 48, 5), progressive=True), 10) is None
+    assert _decode.with_height(data, 64) is None and _decode.with_height(data, 63) is not None
+    with pytest.raises(OSError, match=r"cut\.jpg"):
+        _decode.decode_scaled(data[: len(data) // 2], "cut.jpg", (64, 48), 1, fast=True, rows=8)
+
+
+def test_resize_center_crop_on_whole_pixels_matches_plain_path(tmp_path: Path) -> None:
+    """Resize + CenterCrop whose box falls on whole source pixels still filters as Resize does."""
+    (tmp_path / "c").mkdir()
+    Image.fromarray(_photo(512, 512, 5)).save(tmp_path / "c" / "sq.jpg", quality=92)
+    tf = T.Compose([T.Resize(64), T.CenterCrop(48), T.ToTensor()])  # box (64, 64, 384, 384)
+    fast, plain = _both(tmp_path, tf)
+    np.testing.assert_allclose(fast[0][0], plain[0][0], atol=1e-4)
+
+
+def test_fast_decode_difference_on_photo_sized_images(tmp_path: Path) -> None:
+    """On 500 x 375 photos, the training fast path stays within mean 3/255 of the plain path."""
+    (tmp_path / "c").mkdir()
+    Image.fromarray(_photo(375, 500, 8)).save(tmp_path / "c" / "p.jpg", quality=90)
+    tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor()])
+    fast, plain = _both(tmp_path, tf)
+    diffs = []
+    for seed in range(6):
+        random.seed(seed)
+        a = fast[0][0]
+        random.seed(seed)
+        diffs.append(np.abs(a - np.asarray(plain[0][0])).ravel())
+    diff = np.concatenate(diffs) * 255
+    assert diff.mean() < 3 and np.percentile(diff, 99) < 16
+
+
+def test_recoverable_corruption_loads_on_both_paths(tmp_path: Path) -> None:
+    """A complete JPEG with damaged data loads on the fast path too, as Pillow loads it."""
+    (tmp_path / "c").mkdir()
+    data = bytearray(_jpeg(_photo(64, 64, 1)))
+    rng = random.Random(0)
+    for i in range(len(data) // 2, len(data) // 2 + 30):
+        data[i] = rng.randrange(256)
+    (tmp_path / "c" / "bent.jpg").write_bytes(bytes(data))
+    for geometry in (T.RandomResizedCrop(16), T.Resize((16, 16))):
+        fast, plain = _both(tmp_path, T.Compose([geometry, T.ToTensor()]))
+        assert fast[0][0].shape == plain[0][0].shape == (3, 16, 16)
