@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 import stoker.vision as V
+from stoker import StringArray
 from stoker.vision import _decode, _fused
 from stoker.vision import transforms as T
 
@@ -62,10 +63,10 @@ def test_imagefolder_attributes_match_torchvision_layout(tree: Path) -> None:
 
 
 def test_samples_are_refcount_free_and_pickle(tree: Path) -> None:
-    """samples holds NumPy arrays (no per-file objects) and the dataset round-trips pickle."""
+    """samples holds a StringArray and an array (no per-file objects); pickle round-trips."""
     ds = V.ImageFolder(tree, transform=T.Compose([T.Resize(16), T.ToTensor()]))
-    arrays = [getattr(ds.samples, a) for a in ("_blob", "_ends", "_targets")]
-    assert all(isinstance(a, np.ndarray) for a in arrays)
+    assert isinstance(ds.samples._paths, StringArray)
+    assert isinstance(ds.samples._targets, np.ndarray)
     back = pickle.loads(pickle.dumps(ds))
     assert list(back.samples) == list(ds.samples)
     np.testing.assert_array_equal(back[1][0], ds[1][0])

@@ -2,12 +2,10 @@
 
 A list of a million ``(path, class_index)`` tuples is three million Python objects; every
 worker that touches them writes their reference counts and so copies the pages they live on
-(PyTorch issue 13246). These containers hold the same data in three NumPy arrays (one byte
-blob of all paths, their end offsets, the targets), which forked workers share untouched,
+(PyTorch issue 13246). These containers hold the paths in a
+:class:`~stoker.StringArray` (a few NumPy buffers; file names that share directories take a
+fraction of their size) and the targets in one array, which forked workers share untouched,
 while still behaving as torchvision's lists.
-
-TODO(stoker._strings): when the worker engine's immutable string sequence lands, hold the
-paths in it instead of the blob + offsets here.
 """
 
 from __future__ import annotations
@@ -17,6 +15,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
+
+from stoker._strings import StringArray
 
 
 class SampleList(Sequence[tuple[str, int]]):
@@ -29,35 +29,29 @@ class SampleList(Sequence[tuple[str, int]]):
     [0, 1]
     """
 
-    __slots__ = ("_blob", "_ends", "_targets")
+    __slots__ = ("_paths", "_targets")
 
-    def __init__(
-        self, blob: np.ndarray[Any, Any], ends: np.ndarray[Any, Any], targets: np.ndarray[Any, Any]
-    ) -> None:
-        self._blob = blob
-        self._ends = ends
+    def __init__(self, paths: StringArray, targets: np.ndarray[Any, Any]) -> None:
+        self._paths = paths
         self._targets = targets
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[str | os.PathLike[str], int]]) -> SampleList:
         """Pack ``(path, class_index)`` pairs."""
-        encoded: list[bytes] = []
+        paths: list[str] = []
         targets: list[int] = []
         for path, target in pairs:
-            encoded.append(os.fsencode(path))
+            paths.append(os.fspath(path))
             targets.append(int(target))
-        blob = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
-        ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
-        return cls(blob, ends, np.asarray(targets, dtype=np.int64))
+        return cls(StringArray(paths), np.asarray(targets, dtype=np.int64))
 
     def __len__(self) -> int:
-        return len(self._ends)
+        return len(self._paths)
 
     def path(self, i: int) -> str:
         """The path of sample ``i``."""
-        end = int(self._ends[i])
-        start = int(self._ends[i - 1]) if i > 0 else 0
-        return os.fsdecode(self._blob[start:end].tobytes())
+        path: str = self._paths[i]
+        return path
 
     @overload
     def __getitem__(self, i: int) -> tuple[str, int]: ...
@@ -66,7 +60,7 @@ class SampleList(Sequence[tuple[str, int]]):
     def __getitem__(self, i: int | slice) -> tuple[str, int] | list[tuple[str, int]]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self._ends)
+        n = len(self._paths)
         if not -n <= i < n:
             raise IndexError(f"sample index {i} is out of range for {n} samples.")
         i = int(i) % n
