@@ -45,7 +45,16 @@ def cli(description: str, repeats: int = 5, workers: int | None = None) -> argpa
 def versions() -> dict[str, str]:
     """Versions of Python and of the libraries that a result depends on."""
     out = {"python": platform.python_version()}
-    for name in ("stoker", "numpy", "torch", "torchvision", "PIL", "simplejpeg", "grain"):
+    for name in (
+        "stoker",
+        "numpy",
+        "torch",
+        "torchvision",
+        "PIL",
+        "simplejpeg",
+        "grain",
+        "torchdata",
+    ):
         mod = sys.modules.get(name)
         if mod is not None:
             out[name] = str(getattr(mod, "__version__", "?"))

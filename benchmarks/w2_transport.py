@@ -1,6 +1,7 @@
 """W2: transport throughput, torch's DataLoader vs stoker's: 1 MiB float32 samples that cost
 nothing to make, batch 100, 2 workers (and in-process for reference). GB/s moved to the
-training loop; the limit is one memcpy.
+training loop; the limit is one memcpy. grain and torchdata's StatefulDataLoader run the
+same workload when installed (``benchmarks/peers.py``), else they are left out.
 
 "2 workers" is one loader per contender iterated once per run, so every run (epoch) starts
 fresh workers, as a training loop over epochs does without ``persistent_workers`` (until
@@ -21,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import harness
+import peers
 
 N, BATCH, FLOATS = 1000, 100, 1 << 18  # 1 MiB of float32 per sample
 
@@ -75,6 +77,17 @@ def main() -> None:
         "stoker in-process": lambda: drain(stoker.DataLoader(NumpySamples(), batch_size=BATCH)),
         "torch in-process": lambda: drain(tud.DataLoader(TorchSamples(), batch_size=BATCH)),
     }
+    contenders = peers.add(
+        contenders,
+        {
+            f"grain {w} workers": peers.grain_w2(
+                NumpySamples(), batch_size=BATCH, workers=w, wrap=_epochs
+            ),
+            f"torchdata StatefulDataLoader {w} workers": peers.statefuldl(
+                TorchSamples(), wrap=_epochs, batch_size=BATCH, num_workers=w
+            ),
+        },
+    )
     harness.compare(
         f"w2_transport_{w}w",
         contenders,

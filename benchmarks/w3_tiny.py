@@ -1,7 +1,9 @@
 """W3, tiny samples: 200k pairs (8 float32, int64 label), batch 256, shuffled, one epoch.
 
 Runs torch.utils.data.DataLoader and stoker's DataLoader side by side (stoker on NumPy
-arrays and on torch tensors), alternating, and prints the median samples/s and ratios.
+arrays and on torch tensors), alternating, and prints the median samples/s and ratios;
+grain and torchdata's StatefulDataLoader run the same workload when installed
+(``benchmarks/peers.py``), else they are left out.
 
     python benchmarks/w3_tiny.py [--workers N] [--repeats R]
 """
@@ -17,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import harness
+import peers
 import stoker
 
 N, FEATURES, BATCH = 200_000, 8, 256
@@ -48,6 +51,15 @@ def main() -> None:
         "stoker (numpy)": epoch(stoker.DataLoader(stoker.TensorDataset(x, y), **kw)),
         "stoker (torch tensors)": epoch(stoker.DataLoader(stoker.TensorDataset(tx, ty), **kw)),
     }
+    contenders = peers.add(
+        contenders,
+        {
+            "grain": peers.grain_w3(x, y, batch_size=BATCH, workers=args.workers, wrap=epoch),
+            "torchdata StatefulDataLoader": peers.statefuldl(
+                torch.utils.data.TensorDataset(tx, ty), wrap=epoch, **kw
+            ),
+        },
+    )
     harness.compare(
         f"w3_tiny_{args.workers}w",
         contenders,

@@ -1,0 +1,137 @@
+"""Peer contenders for the benchmarks: grain and torchdata's StatefulDataLoader, if installed.
+
+Each factory builds the peer's loader for the same workload as the benchmark's torch
+contender (same samples, batch size, shuffle and worker count) and hands it to ``wrap``, the
+benchmark's own "one epoch of this loader" function, so a peer's run returns the same counts
+dict as every other contender of that benchmark. A peer that is not importable gives
+``None``, and the benchmark leaves it out, so the benchmarks still run where only torch and
+stoker are installed (the dev env). To measure the peers, use an env that has them, e.g.
+``pip install grain torchdata`` next to torch.
+
+grain runs its ``DataLoader`` over a data source (any sized, indexable object), an
+``IndexSampler`` (one epoch, shuffled with a seed when the workload shuffles) and a ``Batch``
+operation that stacks samples into NumPy arrays, with ``worker_count`` worker processes
+that grain starts anew on each iteration of the loader, like torch without persistent
+workers, reading records in the worker's own thread (``ReadOptions(num_threads=0)``: the
+records are in memory, and grain's default read threads only slow it down here).
+StatefulDataLoader takes the exact arguments torch's ``DataLoader`` takes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Run = Callable[[], dict[str, float]]
+Wrap = Callable[[Iterable[Any]], Run]
+
+
+def available(module: str) -> bool:
+    """Whether ``module`` (a dotted name) can be imported, without importing it.
+
+    >>> available("json"), available("no_such_module_here")
+    (True, False)
+    """
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+class PairSource:
+    """A grain data source over two aligned arrays: record ``i`` is ``(x[i], y[i])``.
+
+    >>> import numpy as np
+    >>> source = PairSource(np.zeros((3, 2)), np.arange(3))
+    >>> len(source), source[2][1]
+    (3, np.int64(2))
+    """
+
+    def __init__(self, x: Any, y: Any) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        return self.x[i], self.y[i]
+
+    def __repr__(self) -> str:
+        # grain records repr(source) in its iterator state; keep it short and stable.
+        return f"PairSource(n={len(self)})"
+
+
+def grain_loader(
+    source: Any, *, batch_size: int, workers: int, shuffle: bool = False, seed: int = 0
+) -> Iterable[Any] | None:
+    """A grain ``DataLoader`` giving one epoch of ``source`` in batches, or None without grain.
+
+    Args:
+        source: the data source: ``len(source)`` records, ``source[i]`` gives record ``i``.
+        batch_size: records per batch; the last batch may be smaller (as torch's default).
+        workers: grain's ``worker_count``; 0 runs in the calling process.
+        shuffle: shuffle the records (grain needs a seed for that).
+        seed: the shuffle seed.
+
+    Returns:
+        The loader; each ``iter()`` of it is one epoch with fresh worker processes.
+    """
+    if not available("grain"):
+        return None
+    gp: Any = importlib.import_module("grain.python")
+    sampler = gp.IndexSampler(
+        num_records=len(source),
+        shard_options=gp.NoSharding(),
+        shuffle=shuffle,
+        num_epochs=1,
+        seed=seed if shuffle else None,
+    )
+    return gp.DataLoader(  # type: ignore[no-any-return]
+        data_source=source,
+        sampler=sampler,
+        operations=[gp.Batch(batch_size=batch_size, drop_remainder=False)],
+        worker_count=workers,
+        # In-memory records need no read threads; grain's default (16 threads, a buffer of
+        # 500) spends most of its time in its prefetch loop here (W3: 3k vs 24k samples/s).
+        read_options=gp.ReadOptions(num_threads=0),
+    )
+
+
+def grain_w2(source: Any, *, batch_size: int, workers: int, wrap: Wrap) -> Run | None:
+    """W2 on grain: ``source`` (same 1 MiB array per record), in order, batched; or None."""
+    loader = grain_loader(source, batch_size=batch_size, workers=workers)
+    return None if loader is None else wrap(loader)
+
+
+def grain_w3(x: Any, y: Any, *, batch_size: int, workers: int, wrap: Wrap) -> Run | None:
+    """W3 on grain: the ``(x[i], y[i])`` pairs, shuffled, batched; or None without grain."""
+    loader = grain_loader(
+        PairSource(x, y), batch_size=batch_size, workers=workers, shuffle=True, seed=0
+    )
+    return None if loader is None else wrap(loader)
+
+
+def statefuldl(dataset: Any, *, wrap: Wrap, **kw: Any) -> Run | None:
+    """torchdata's ``StatefulDataLoader(dataset, **kw)`` as a run; None without torchdata.
+
+    Args:
+        dataset: the same (torch) dataset the torch contender loads.
+        wrap: the benchmark's one-epoch function for a loader.
+        **kw: the same ``DataLoader`` arguments the torch contender gets.
+    """
+    if not available("torchdata.stateful_dataloader"):
+        return None
+    module: Any = importlib.import_module("torchdata.stateful_dataloader")
+    return wrap(module.StatefulDataLoader(dataset, **kw))
+
+
+def add(contenders: dict[str, Run], peers: dict[str, Run | None]) -> dict[str, Run]:
+    """``contenders`` with the peers that are installed (not None) appended, in order.
+
+    >>> run = lambda: {"samples": 1.0}
+    >>> list(add({"torch": run}, {"grain": None, "torchdata": run}))
+    ['torch', 'torchdata']
+    """
+    return {**contenders, **{name: run for name, run in peers.items() if run is not None}}
