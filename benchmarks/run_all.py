@@ -7,7 +7,8 @@ Each program (see ``PROGRAMS``) runs as a subprocess with its own arguments, ``-
 passed through, its table printed as it goes. W4's image benchmark compares against
 torchvision, which need not be installed beside stoker: it runs with the interpreter given
 by ``--torchvision-python``, else with this one when torchvision imports here, else it is
-skipped with a note. Each results file records the command that made it (see
+skipped with a note. The peers of W2 and W3 (grain, torchdata's StatefulDataLoader) run
+when this interpreter has them. Each results file records the command that made it (see
 ``harness.py``), which ``report.py`` quotes under its table. The exit status is 1 when any
 program failed.
 """
@@ -55,6 +56,8 @@ PROGRAMS = (
     Program("w5_first_batch", ("--workers", "2")),
     Program("w6_memory", ("--workers", "2")),
     Program("import_time"),
+    Program("resume_cost"),
+    Program("autotune"),
 )
 
 
