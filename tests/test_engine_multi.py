@@ -375,3 +375,31 @@ def test_thread_workers_reuse_batch_memory_across_epochs() -> None:
     assert set(again) & first  # reused (how many depends on timing)
     assert held.__array_interface__["data"][0] not in again
     assert (held == np.arange(4, dtype=np.float32)[:, None]).all()
+
+
+class _SlowFirstBatch:
+    """Sample 0 costs 30 ms (as a slow read would); the rest cost nothing."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        if i == 0:
+            time.sleep(0.03)  # the sample's own cost
+        return np.array(i)
+
+
+def test_slow_first_batch_starts_every_worker_in_the_next_epoch() -> None:
+    """Fork workers start one first (a fast first batch need not wait for the other
+    forks), but after an epoch whose first batch was slower than forking, all at once."""
+    loader = DataLoader(
+        _SlowFirstBatch(), batch_size=2, num_workers=2, multiprocessing_context="fork"
+    )
+    it = iter(loader)
+    assert it._pool._next_start == 1
+    assert len(list(it)) == 4
+    it = iter(loader)
+    assert it._pool._next_start == 2
+    assert len(list(it)) == 4

@@ -249,6 +249,7 @@ class DataLoader(Generic[T_co]):
         self._resume: dict[str, Any] | None = None
         self._tuner: Autotuner | None = None
         self._stats: StatsRecorder | None = None
+        self._first_batch_s = 0.0  # the last epoch's wait for its first batch (lazy start)
         if isinstance(num_workers, (int, np.integer)) and num_workers > 0:
             from stoker._engine._multi import workers_warning
 

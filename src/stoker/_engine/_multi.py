@@ -40,6 +40,9 @@ _HEALTH_CHECK_S = 5.0
 _LAZY_START_S = 0.02
 """Fork workers beyond the first start after the first batch, or after this long without
 one: a fast first batch does not wait for the other forks, a slow one barely delays them."""
+_EAGER_AFTER_S = 0.01
+"""A first batch slower than this (a fork or two) in a loader's last epoch: start all its
+workers at once in the next one."""
 _START_TIMEOUT_S = 120.0
 """``timeout`` counts from a worker's start-up; before it, start-up (spawn imports) may take
 this long."""
@@ -96,7 +99,10 @@ class MultiWorkerIterator:
         self._generation = 0
         pool.limit_start(self._num_workers)
         self._reset()  # queues the first tasks: each worker gets them as it starts
-        pool.start(1 if pool.lazy_start else None)
+        # Lazy start pays off when the first batch comes sooner than the other forks would
+        # take; a loader whose last epoch waited longer for it starts every worker at once.
+        lazy = pool.lazy_start and loader._first_batch_s < _EAGER_AFTER_S
+        pool.start(1 if lazy else None)
 
     # -- epochs ------------------------------------------------------------------------
 
@@ -124,6 +130,7 @@ class MultiWorkerIterator:
         self._active = [True] * self._num_workers
         self._next_worker = 0
         self._yielded = 0
+        self._began = time.perf_counter()
         self._stats = StatsRecorder(len(self._started), loader._auto_collation, self._gauges)
         self._stats.workers, self._stats.prefetch = self._num_workers, self._prefetch
         if self._tuner is not None:
@@ -246,6 +253,8 @@ class MultiWorkerIterator:
         if self._pin_device is not None:
             item = pin(item, self._pin_device)
         self._stats.delivered(item, entered)
+        if not self._yielded:
+            self._loader._first_batch_s = time.perf_counter() - self._began
         if self._tuner is not None and not self._tuner.settled:
             self._autotune()
         self._yielded += 1
