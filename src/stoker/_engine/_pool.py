@@ -428,10 +428,8 @@ class ThreadPool:
         n = loader._pool_workers()  # with autotune, the most workers it may use
         shared = None if loader._iterable else loader._make_fetcher()
         guard = RngGuard()
-        buffers = _BUFFERS.get(loader)
-        if buffers is None:
-            buffers = _BUFFERS[loader] = BufferPool(keep=n * prefetch + 2)
-        buffers.keep = max(buffers.keep, n * prefetch + 2)
+        buffers = _BUFFERS.setdefault(loader, BufferPool(keep=0))
+        buffers.keep = max(buffers.keep, n * prefetch + 2)  # in flight, held, returning
         self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
         board = HelpBoard(self._inboxes)
         for wid in range(n):

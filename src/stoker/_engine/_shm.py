@@ -16,9 +16,10 @@ Who calls what:
 - main process: ``SegmentMaps.view`` per batch; ``sweep_dead_owners`` when a loader starts
   workers; ``unlink_prefix`` after a worker had to be killed.
 - across epochs (fork): when a pool shuts down, the segments its workers left that no live
-  batch uses stay mapped in the main process (``SegmentMaps.take_unused``), already
-  faulted in; the loader's next workers inherit the mappings and start with them as free
-  slots (``Arena.adopt``), so fresh workers do not pay for fresh shared memory.
+  batch uses stay mapped in the main process (``SegmentMaps.take_unused``), their memory
+  allocated; the loader's next workers inherit the mappings and start with them as free
+  slots (``Arena.adopt``), mapping a slot's pages in one call when they first use it, so
+  fresh workers do not pay for fresh shared memory.
 """
 
 from __future__ import annotations
@@ -238,8 +239,9 @@ class Arena:
                 self._give_back(sid)
 
     def adopt(self, segments: list[tuple[str, mmap.mmap]]) -> None:
-        """Take over segments of an earlier worker of the same loader (already unlinked,
-        mapped and faulted in; inherited through fork), as free slots."""
+        """Take over segments of an earlier worker of the same loader (unlinked, their
+        memory allocated; inherited through fork), as free slots; a slot's pages are
+        mapped in one call when it is first taken (fork does not carry them over)."""
         for name, mm in segments:
             self._seq += 1
             buf = np.frombuffer(mm, np.uint8)
