@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from stoker._loader import DataLoader
     from stoker._stats import StatsRecorder
 
-log = logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 MEMORY_BUDGET_BYTES = 2 << 30
 """Most memory the autotuner lets batches in flight take: (workers x (prefetch + 1)) x
@@ -138,7 +138,7 @@ class Autotuner:
     def decide(self, text: str) -> None:
         """Record and log a decision."""
         self.decisions.append(text)
-        log.info("stoker autotune: %s", text)
+        _logger.info("stoker autotune: %s", text)
 
     def begin(self, rec: StatsRecorder) -> None:
         """An iterator starts (an epoch): the first window opens after its first batch."""

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-log = logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 _KEYS = (
@@ -116,7 +116,7 @@ class Epoch:
         if not self._first_error:
             self._first_error = error
         self._failed.extend(failed[: _INDICES_SHOWN - len(self._failed)])
-        log.warning(
+        _logger.warning(
             "DataLoader skipped %d sample(s) of batch %d of epoch %d that failed to load%s: "
             "indices %s; first error: %s (%d skipped this epoch, at most %d allowed).",
             len(failed),

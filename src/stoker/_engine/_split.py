@@ -76,6 +76,8 @@ class Job:
         """
         n = len(self._items)
         with self._cond:
+            # No timeout of its own: these samples load in helper threads as the others did
+            # in this one, and the loader's ``timeout`` bounds the whole batch.
             self._cond.wait_for(lambda: self._done == n)
         # A helper may keep a stale reference to the job: it must not keep the samples, or
         # an error whose traceback holds the loader's iterator (and so its threads) alive.
