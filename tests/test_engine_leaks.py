@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import _snapshot, leftovers
 from stoker import DataLoader, TensorDataset
@@ -46,3 +48,31 @@ def test_segments_of_dead_owners_are_swept() -> None:
         assert not orphan.exists()
     finally:
         orphan.unlink(missing_ok=True)
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_fifty_epochs_with_persistent_workers_do_not_grow(mode: str) -> None:
+    """Soak: over 50 epochs with persistent workers, shared memory in use, the workers'
+    memory and the main process's stay where they were after the first few epochs."""
+    ds = TensorDataset(np.ones((64, 1 << 14), np.float32), np.arange(64))  # 64 KiB rows
+    loader = DataLoader(ds, batch_size=16, num_workers=2, persistent_workers=True, worker_mode=mode)
+    seen = []
+    for epoch in range(50):
+        for _batch in loader:
+            pass
+        if epoch in (4, 49):
+            pool = loader._iterator._pool
+            workers = [_rss_bytes(pid) for pid in pool.started_pids()]
+            seen.append((loader.statistics().shared_memory_bytes, workers, _rss_bytes(os.getpid())))
+    (shm_early, workers_early, main_early), (shm_late, workers_late, main_late) = seen
+    assert shm_late <= shm_early
+    assert all(
+        late - early < 4 << 20 for early, late in zip(workers_early, workers_late, strict=True)
+    )
+    assert main_late - main_early < 8 << 20
+    del loader
