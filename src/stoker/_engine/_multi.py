@@ -299,6 +299,8 @@ class MultiWorkerIterator:
         if kind == "ready":
             self._started[wid] = True
             return
+        if kind == "bye":  # a worker leaving: its process's end is what counts
+            return
         if idx == -1:  # start-up failed (dataset unpickling, worker_init_fn)
             self._finalizer()
             raise msg[3].rebuild()

@@ -39,7 +39,7 @@ from stoker._engine import _shm
 from stoker._engine._buffers import BufferPool
 from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, decode, dumps, pack_tasks
-from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
+from stoker._engine._worker import BYE, RngGuard, WorkerArgs, process_worker, thread_worker
 from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -53,6 +53,8 @@ _EAGER_FREE_BYTES = 1 << 20
 """Slots from this size up are returned to their worker as soon as their batch dies."""
 _EXIT_CODE_WAIT_S = 1.0
 """After a worker's pipe closed, how long to wait for its exit status."""
+_EXIT_WAIT_S = 5.0
+"""How long a worker that said goodbye may take to exit before it is killed."""
 
 # The main process's ends of all live workers' pipes. A process forked later (another
 # loader's worker, or the user's own fork) must not keep them open, or a worker would never
@@ -382,10 +384,8 @@ class ProcessPool:
             with contextlib.suppress(OSError, ValueError):
                 w.conn.send(None)
         deadline = time.monotonic() + grace_s
-        started = [w for w in self.workers if w.pid is not None]
-        for w in started:
-            w.proc.join(max(0.0, deadline - time.monotonic()))
         warm: list[tuple[str, Any]] = []
+        leaving: list[_ProcWorker] = []
         for w in self.workers:
             if w.pid is None:  # never started
                 _PARENT_ENDS.discard(w.conn)
@@ -393,27 +393,69 @@ class ProcessPool:
                 self._child_ends[w.wid].close()
                 warm += w.maps.take_unused(set())
                 continue
+            if not _said_bye(w, deadline):
+                with contextlib.suppress(OSError):
+                    w.proc.kill()
+                w.proc.join(_KILL_JOIN_TIMEOUT_S)
+            _PARENT_ENDS.discard(w.conn)
+            w.conn.close()
+            if self._method == "fork":
+                # It writes no more: the next pool's workers reuse what it left.
+                out = dict(w.out)
+                w.late = {sid: (n, w.maps._maps[n]) for sid, n in out.items() if n in w.maps._maps}
+                w.loader_ref = self._loader_ref
+                warm += w.maps.take_unused(set(out.values()))
+            w.maps.clear()
+            leaving.append(w)
+        _reap(leaving)
+        loader = self._loader_ref()
+        if warm and loader is not None and self._method == "fork":
+            with contextlib.suppress(Exception):  # interpreter exit may have torn it down
+                _WARM[loader] = (_WARM.get(loader, []) + warm)[: self._warm_cap]
+
+
+def _said_bye(w: _ProcWorker, deadline: float) -> bool:
+    """Whether worker ``w`` said :data:`BYE` (or died) by ``deadline``; results still
+    in its pipe are dropped on the way."""
+    while True:
+        try:
+            msg = w.inbox.take()
+            if msg is None:
+                if not w.inbox.wait(deadline - time.monotonic()):
+                    return w.proc.exitcode is not None
+                msg = w.inbox.recv()
+        except (EOFError, OSError):  # it closed its end: it has exited, or is exiting
+            return True
+        if msg == BYE:
+            return True
+
+
+def _reap(workers: list[_ProcWorker]) -> None:
+    """Wait for the exits of workers that stopped writing, in a short-lived thread.
+
+    A worker's exit tears down its copy of the main process's address space (~5 ms with
+    torch loaded): the loop need not wait for it. A worker that does not exit in time is
+    killed; one that failed has its segments unlinked for it.
+    """
+
+    def run() -> None:
+        for w in workers:
+            w.proc.join(_EXIT_WAIT_S)
             if w.proc.exitcode is None:
                 with contextlib.suppress(OSError):
                     w.proc.kill()
                 w.proc.join(_KILL_JOIN_TIMEOUT_S)
             if w.proc.exitcode != 0:
                 _shm.unlink_prefix(w.prefix)  # it could not unlink its own segments
-            _PARENT_ENDS.discard(w.conn)
-            w.conn.close()
-            if w.proc.exitcode is not None and self._method == "fork":
-                # It can no longer write: the next pool's workers reuse what it left.
-                out = dict(w.out)
-                w.late = {sid: (n, w.maps._maps[n]) for sid, n in out.items() if n in w.maps._maps}
-                w.loader_ref = self._loader_ref
-                warm += w.maps.take_unused(set(out.values()))
-            w.maps.clear()
             with contextlib.suppress(ValueError):
                 w.proc.close()  # frees the sentinel descriptor now, not at GC
-        loader = self._loader_ref()
-        if warm and loader is not None and self._method == "fork":
-            with contextlib.suppress(Exception):  # interpreter exit may have torn it down
-                _WARM[loader] = (_WARM.get(loader, []) + warm)[: self._warm_cap]
+
+    if not workers:
+        return
+    try:
+        threading.Thread(target=run, name="stoker-reaper", daemon=True).start()
+    except RuntimeError:  # the interpreter is shutting down: no new threads
+        run()
 
 
 class ThreadPool:

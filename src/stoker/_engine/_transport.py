@@ -122,6 +122,12 @@ class Inbox:
             return True
         return bool(self._poll.poll(0))
 
+    def wait(self, timeout_s: float) -> bool:
+        """Whether something came to read within ``timeout_s`` (or is buffered already)."""
+        if self.buf and frame(self.buf) is not None:
+            return True
+        return bool(self._poll.poll(max(0.0, timeout_s) * 1000))
+
     def recv(self) -> Any:
         """The next message; waits until a whole one has come (like ``Connection.recv``).
 

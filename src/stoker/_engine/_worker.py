@@ -13,7 +13,7 @@ the fetch + collate time, for ``loader.statistics()``; skipped: None, or the sam
 out with ``skip_errors``, see :meth:`~stoker._fetch.MapFetcher.fetch_skipping`),
 ``("end", generation, index)`` (an iterable dataset is exhausted) or
 ``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
-``("err", -1, -1, RemoteError)`` when start-up failed.
+``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` last of all.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ from stoker._random import seed_globals
 from stoker._worker_info import WorkerInfo, set_worker_info
 
 _PR_SET_PDEATHSIG = 1
+BYE = ("bye", -1, -3)
+"""A worker's last message: its slots are closed and it is exiting."""
 _INDICES_SHOWN = 16
 
 
@@ -251,6 +253,10 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         # must not interrupt the cleanup it would trigger.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         arena.close()
+        # This worker writes no slot from here on: the main process may hand them on and
+        # stop waiting (it reaps the exit, ~5 ms of address-space teardown, in the back).
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(BYE)
 
 
 def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
