@@ -63,8 +63,3 @@ class BufferPool:
             self._free.append(buf)
             if len(self._free) > self.keep:
                 self._free.remove(min(self._free, key=lambda b: b.nbytes))
-
-    def free_bytes(self) -> int:
-        """Bytes held for reuse now."""
-        with self._lock:
-            return sum(b.nbytes for b in self._free)

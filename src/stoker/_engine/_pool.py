@@ -16,7 +16,9 @@ Under fork, a loader keeps the segments of its last pool's workers (at most what
 workers would keep; released with the loader) and hands them to its next pool's workers.
 
 ``shutdown`` may run from ``weakref.finalize`` (garbage collection, interpreter exit) and
-is idempotent; it does nothing in a forked child that inherited the pool.
+is idempotent; it does nothing in a forked child that inherited the pool. It waits until
+each worker says goodbye (its slots closed; a worker that does not within the grace time is
+killed), not for the process to end: a short-lived thread reaps the exits.
 """
 
 from __future__ import annotations
