@@ -450,7 +450,8 @@ class SegmentMaps:
         self._maps.clear()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -475,7 +476,7 @@ def sweep_dead_owners() -> int:
         if not name.startswith(NAME_PREFIX):
             continue
         pid_text = name[len(NAME_PREFIX) :].split("_", 1)[0]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_alive(int(pid_text)):
             _unlink(name)
             swept += 1
     return swept

@@ -23,6 +23,8 @@ import shutil
 from collections.abc import Iterable
 from typing import IO, Any
 
+from stoker._engine._shm import pid_alive
+
 _TMP_MARK = ".stoker-tmp-"
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _COPY_CHUNK = 1 << 22
@@ -242,24 +244,12 @@ def sweep_stale(final: str) -> list[str]:
         if not name.startswith(prefix):
             continue
         pid_text = name[len(prefix) :].split("-", 1)[0]
-        if pid_text.isdigit() and _alive(int(pid_text)):
+        if pid_text.isdigit() and pid_alive(int(pid_text)):
             continue
         path = os.path.join(head, name)
         _remove(path)
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove(path: str) -> None:
