@@ -94,15 +94,19 @@ def test_odd_exception_type_still_reported(method: str) -> None:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_killed_worker_reported_within_a_second(method: str) -> None:
-    """A worker killed by SIGKILL raises WorkerError naming pid and signal, in under 1 s."""
+    """A worker killed by SIGKILL raises WorkerError naming pid and signal, in under 1 s.
+
+    Batches it finished just before may be lost with it (tiny batches are sent in groups).
+    """
     it = iter(_loader("kill", method))
     pid = it._pool.workers[0].pid
-    for _ in range(3):
-        next(it)
-    t0 = time.monotonic()
+    got = []
     with pytest.raises(WorkerError, match=f"pid {pid}.*SIGKILL") as info:
-        next(it)
+        while True:
+            t0 = time.monotonic()
+            got.append(int(next(it)[0, 0]))
     assert time.monotonic() - t0 < 1.0
+    assert got == list(range(len(got))) and len(got) <= 3
     assert "memory" in str(info.value)
     del it, info
 

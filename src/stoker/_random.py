@@ -106,3 +106,23 @@ def seed_globals(seed: int, every_device: bool = False) -> None:
             torch.manual_seed(seed)
         else:
             torch.default_generator.manual_seed(seed)
+
+
+def globals_untouched(seed: int) -> bool:
+    """Whether the global RNGs are still as :func:`seed_globals` (``seed``) left them, i.e.
+    nothing drew from them since (about 50 microseconds: for slow batches only).
+
+    >>> seed_globals(7); globals_untouched(7), (random.random(), globals_untouched(7))[1]
+    (True, False)
+    """
+    if random.getstate() != random.Random(seed).getstate():
+        return False
+    now, fresh = np.random.get_state(), np.random.RandomState(seed & 0xFFFFFFFF).get_state()
+    if not (np.array_equal(now[1], fresh[1]) and now[2:] == fresh[2:]):  # type: ignore[index]
+        return False
+    torch = _torch.loaded()
+    if torch is None:
+        return True
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return bool(torch.equal(g.get_state(), torch.default_generator.get_state()))

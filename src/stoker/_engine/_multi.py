@@ -4,7 +4,9 @@
 ``prefetch_factor`` tasks in flight per worker, and ``prefetch_factor * num_workers`` tasks
 sent but not yet delivered in all (so a fast worker cannot run ahead of a slow one without
 bound while ``in_order`` waits for it; the tasks for one worker go out in one message;
-results that arrived together are handled before refilling), numbers them, and
+results that arrived together are handled before refilling; tiny, fast batches count as a
+fraction of a slot, see :func:`~stoker._engine._transport.group_size`; the last batches of
+an epoch may be split across workers, see :mod:`stoker._engine._tail`), numbers them, and
 delivers the batches in task order (``in_order=True``) or as they come
 (``in_order=False``). Every batch of epoch
 ``e`` with index ``k`` is computed under a seed mixed from (base seed, e, k), so which
@@ -25,12 +27,14 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from stoker._collate import DefaultCollate
 from stoker._engine._pin import pin
 from stoker._engine._pool import ProcessPool, ThreadPool
-from stoker._engine._transport import RemoteError
+from stoker._engine._tail import SPLIT_MIN_S, concat, mergeable, plan
+from stoker._engine._transport import RemoteError, group_size
 from stoker._random import mix_seed
 from stoker._stats import StatsRecorder
-from stoker.errors import WorkerError
+from stoker.errors import CollateError, WorkerError
 
 if TYPE_CHECKING:
     from stoker._loader import DataLoader
@@ -43,6 +47,8 @@ one: a fast first batch does not wait for the other forks, a slow one barely del
 _EAGER_AFTER_S = 0.01
 """A first batch slower than this (a fork or two) in a loader's last epoch: start all its
 workers at once in the next one."""
+_GROUP_AFTER = 8
+"""Batches delivered before the group is sized (the first ones pay for warm-up)."""
 _START_TIMEOUT_S = 120.0
 """``timeout`` counts from a worker's start-up; before it, start-up (spawn imports) may take
 this long."""
@@ -80,8 +86,20 @@ class MultiWorkerIterator:
         else:
             self._num_workers = int(loader.num_workers)
             self._prefetch = max(1, int(loader.prefetch_factor or 2))
+        # Batches per prefetch slot; 0 until _GROUP_AFTER are measured (in an earlier epoch).
+        self._group = loader._task_group
         self._in_order = bool(loader.in_order)
         self._iterable = bool(loader._iterable)
+        # The tail of an epoch may be split across processes (see stoker._engine._tail).
+        self._can_split = (
+            loader.worker_mode == "process"
+            and not self._iterable
+            and loader._auto_collation
+            and isinstance(loader.collate_fn, DefaultCollate)
+            and not loader.skip_errors
+        )
+        self._mergeable: bool | None = None  # known from the first batch
+        self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches
         self._persistent = bool(loader.persistent_workers)
         self._timeout = float(loader.timeout)
         pin_device = loader._resolved_pin_device()
@@ -98,11 +116,11 @@ class MultiWorkerIterator:
         self._finalizer = weakref.finalize(self, pool.shutdown)
         self._generation = 0
         pool.limit_start(self._num_workers)
-        self._reset()  # queues the first tasks: each worker gets them as it starts
         # Lazy start pays off when the first batch comes sooner than the other forks would
         # take; a loader whose last epoch waited longer for it starts every worker at once.
         lazy = pool.lazy_start and loader._first_batch_s < _EAGER_AFTER_S
-        pool.start(1 if lazy else None)
+        pool.start(1 if lazy else None)  # first: it starts up while the sampler draws
+        self._reset()  # queues the first tasks: a worker not started gets them as it starts
 
     # -- epochs ------------------------------------------------------------------------
 
@@ -127,6 +145,9 @@ class MultiWorkerIterator:
         self._outstanding = [0] * self._num_workers
         self._task_worker: dict[int, int] = {}
         self._ready: dict[int, Any] = {}
+        self._splits: dict[int, tuple[int, list[Any]]] = {}  # k -> (first send index, parts)
+        self._share: dict[int, float] = {}  # send index of a part -> its share of the batch
+        self._since = [time.perf_counter()] * self._num_workers  # each one's task began
         self._active = [True] * self._num_workers
         self._next_worker = 0
         self._yielded = 0
@@ -153,16 +174,31 @@ class MultiWorkerIterator:
             for _ in range(n):
                 wid = self._next_worker
                 if self._active[wid]:
-                    return wid if self._outstanding[wid] < self._prefetch else None
+                    return wid if self._outstanding[wid] < self._depth else None
                 self._next_worker = (wid + 1) % n
             return None
         wid = min(range(n), key=self._outstanding.__getitem__)
-        return wid if self._outstanding[wid] < self._prefetch else None
+        return wid if self._outstanding[wid] < self._depth else None
+
+    @property
+    def _depth(self) -> int:
+        """Tasks in flight per worker: ``prefetch_factor`` slots of :attr:`_group` batches."""
+        return self._prefetch * max(1, self._group)
+
+    def _size_group(self) -> None:
+        """Fix :attr:`_group` from the first batches' mean bytes and load time."""
+        stats = self._stats
+        n = max(1, stats.batches)
+        self._group = 1 if self._iterable else group_size(stats.bytes / n, sum(stats.busy) / n)
+        self._loader._task_group = self._group
 
     def _refill(self) -> None:
         """Fill every worker's prefetch window; one message per worker for all its tasks."""
         sends: dict[int, list[Any]] = {}
-        window = self._prefetch * self._num_workers
+        window = self._depth * self._num_workers
+        in_flight = self._send_idx - self._popped
+        if self._group > 1 and window - in_flight < self._group and in_flight:
+            return  # tiny batches: send a group's worth of tasks at a time
         while not self._tasks_done and self._send_idx - self._popped < window:
             wid = self._choose()
             if wid is None:
@@ -172,23 +208,57 @@ class MultiWorkerIterator:
             except StopIteration:
                 self._tasks_done = True
                 break
-            idx = self._send_idx
-            self._send_idx += 1
             if self._iterable:
                 self._next_worker = (wid + 1) % self._num_workers
             seed = mix_seed(self._seed, self._epoch, k)
-            self._k_of[idx] = k
-            tasks = sends.get(wid)
-            if tasks is None:
-                tasks = sends[wid] = []
-                freed = self._pool.take_freed(wid)
-            else:
-                freed = []
-            tasks.append((self._generation, idx, task, seed, freed))
-            self._outstanding[wid] += 1
-            self._task_worker[idx] = wid
+            parts = self._plan_split(k, task)
+            if parts is None:
+                self._queue(sends, wid, k, task, seed)
+                continue
+            first, start = self._send_idx, 0
+            for w, count in parts:
+                idx = self._queue(sends, w, k, task[start : start + count], seed)
+                self._share[idx] = count / len(task)
+                start += count
+            self._splits[k] = (first, [None] * len(parts))
         for wid, tasks in sends.items():
             self._pool.send(wid, tasks)
+
+    def _queue(self, sends: dict[int, list[Any]], wid: int, k: int, task: Any, seed: int) -> int:
+        """Number ``task`` (batch ``k``) and add it to worker ``wid``'s message."""
+        idx = self._send_idx
+        self._send_idx += 1
+        self._k_of[idx] = k
+        tasks = sends.get(wid)
+        if tasks is None:
+            tasks = sends[wid] = []
+            freed = self._pool.take_freed(wid)
+        else:
+            freed = []
+        tasks.append((self._generation, idx, task, seed, freed))
+        if not self._outstanding[wid]:
+            self._since[wid] = time.perf_counter()
+        self._outstanding[wid] += 1
+        self._task_worker[idx] = wid
+        return idx
+
+    def _plan_split(self, k: int, task: Any) -> list[tuple[int, int]] | None:
+        """How to split batch ``k`` among workers that would otherwise idle, or None."""
+        if not (self._can_split and self._mergeable and self._loader._rng_untouched):
+            return None
+        mean = self._busy_sum / max(1, self._busy_n)
+        remaining = len(self._loader) - k
+        if mean < SPLIT_MIN_S or remaining >= self._num_workers or len(task) < 2:
+            return None
+        now = time.perf_counter()
+        loads = [0.0] * self._num_workers
+        running: dict[int, int] = {}
+        for idx, w in self._task_worker.items():  # in the order sent: a worker's first runs
+            loads[w] += self._share.get(idx, 1.0)
+            running.setdefault(w, idx)
+        for w, idx in running.items():
+            loads[w] -= min(self._share.get(idx, 1.0), (now - self._since[w]) / mean)
+        return plan(len(task), loads, remaining)
 
     # -- results -----------------------------------------------------------------------
 
@@ -253,6 +323,9 @@ class MultiWorkerIterator:
         if self._pin_device is not None:
             item = pin(item, self._pin_device)
         self._stats.delivered(item, entered)
+        if not self._group and self._stats.batches >= _GROUP_AFTER:
+            self._size_group()
+            self._refill()
         if not self._yielded:
             self._loader._first_batch_s = time.perf_counter() - self._began
         if self._tuner is not None and not self._tuner.settled:
@@ -311,17 +384,58 @@ class MultiWorkerIterator:
         self._outstanding[wid] -= 1
         del self._task_worker[idx]
         k = self._k_of.pop(idx)
-        if kind == "ok":
-            self._stats.busy[wid] += msg[6]  # the worker's fetch + collate seconds
-            self._ready[idx] = (k, self._pool.decode(wid, msg), msg[7])  # msg[7]: skipped
-        elif kind == "end":
+        self._since[wid] = time.perf_counter()  # its next task starts now
+        if kind == "end":
             self._active[wid] = False
             if self._in_order:
                 self._ready[idx] = _SKIP
             else:
                 self._popped += 1  # nothing to deliver: it leaves the window now
+            return
+        if kind == "ok":
+            self._stats.busy[wid] += msg[6]  # the worker's fetch + collate seconds
+            batch = self._pool.decode(wid, msg)
+            item = (k, batch, msg[7])  # msg[7]: skipped
+            if idx not in self._share:
+                self._busy_sum += msg[6]
+                self._busy_n += 1
+                if self._mergeable is None:
+                    self._mergeable = mergeable(batch)
+            if msg[8] is not None:  # a slow batch: did it draw from the global RNGs?
+                seen = self._loader._rng_untouched
+                self._loader._rng_untouched = msg[8] and seen is not False
         else:
-            self._ready[idx] = (k, _Failure(msg[3]), None)
+            item = (k, _Failure(msg[3]), None)
+        if k in self._splits:
+            self._part_done(k, idx, item[1])
+        else:
+            self._ready[idx] = item
+
+    def _part_done(self, k: int, idx: int, part: Any) -> None:
+        """Keep a part of split batch ``k``; with the last one, the batch is ready."""
+        first, parts = self._splits[k]
+        parts[idx - first] = part
+        del self._share[idx]
+        if all(p is not None for p in parts):
+            del self._splits[k]
+            failed = [p for p in parts if isinstance(p, _Failure)]
+            self._ready[first] = (k, failed[0] if failed else self._join(k, parts), None)
+        if idx != first:  # the batch is delivered at its first part's place in the order
+            if self._in_order:
+                self._ready[idx] = _SKIP
+            else:
+                self._popped += 1
+
+    def _join(self, k: int, parts: list[Any]) -> Any:
+        try:
+            return concat(parts)
+        except (ValueError, RuntimeError, TypeError) as exc:  # parts that do not stack
+            err = CollateError(
+                f"default_collate: the samples of batch {k} do not stack into one batch "
+                f"({exc}). Give every sample the same shapes, or pass a collate_fn that "
+                "handles them."
+            )
+            return _Failure(RemoteError(err, f"joining the parts of batch {k}", keep_object=True))
 
     def _shutdown(self) -> None:
         """Stop the workers now (also done on garbage collection)."""
@@ -355,6 +469,7 @@ class MultiWorkerIterator:
         self._num_workers += 1
         self._outstanding.append(0)
         self._active.append(True)
+        self._since.append(time.perf_counter())
         self._stats.workers = self._num_workers
         self._pool.limit_start(self._num_workers)
         self._pool.start(1)  # a process pool starts it; threads run already

@@ -18,7 +18,9 @@ Messages cross the pipes framed as ``multiprocessing.connection.Connection`` fra
 (a 4-byte big-endian length, then a pickle): the sender calls ``send_bytes`` of
 :func:`dumps`, the receiver reads through an :class:`Inbox`, which takes everything the pipe
 holds in one read and hands the messages out one by one (several results or tasks that
-arrived together cost one wake-up and one system call).
+arrived together cost one wake-up and one system call). A worker writes through an
+:class:`Outbox`, which holds the results of tiny, fast batches for up to a millisecond so
+that several go in one write.
 
 Exceptions travel as :class:`RemoteError` payloads that rebuild the original type with a
 note (worker id, indices, traceback), or a ``RuntimeError`` whose ``__cause__`` carries the
@@ -27,11 +29,14 @@ worker's traceback when the type cannot be rebuilt (PyTorch issue 30147).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
 import select
 import struct
+import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -149,6 +154,111 @@ class Inbox:
         msg = pickle.loads(self.buf[start:end])
         del self.buf[:end]
         return msg
+
+
+SMALL_BATCH_BYTES = 256 << 10
+FAST_BATCH_S = 0.0005
+_MAX_GROUP = 16
+
+
+def group_size(nbytes: float, seconds: float) -> int:
+    """How many batches of ``nbytes`` that a worker loads in ``seconds`` each count as one
+    prefetch slot: several when they are small and fast, since sending a task and receiving
+    its batch then costs more than loading it, and a worker with a shallow queue would wait
+    for the main process most of the time.
+
+    >>> group_size(10_000, 0.00005), group_size(10_000, 0.01), group_size(1 << 20, 0.00005)
+    (16, 1, 1)
+    """
+    if nbytes >= SMALL_BATCH_BYTES or seconds >= FAST_BATCH_S:
+        return 1
+    return int(min(_MAX_GROUP, SMALL_BATCH_BYTES // max(1.0, nbytes)))
+
+
+_HOLD_S = 0.001
+"""How long a worker may hold the results of fast batches to write several at once."""
+_INT32 = struct.Struct("!i")
+
+
+class Outbox:
+    """A worker's writer of framed messages, holding results of fast batches to write them
+    together.
+
+    A result sent with ``hold=True`` (a fast batch, more tasks queued) waits, and the ones
+    after it join it, until :data:`_HOLD_S` has passed since the first: tiny batches then
+    cost one system call and one wake-up of the main process per several batches. A helper
+    thread writes what is held when that time is up, so a slow or stuck batch does not keep
+    finished ones back; nothing is held while the worker waits for tasks (:meth:`flush`).
+
+    Args:
+        conn: the worker's ``Connection``; :class:`Inbox` reads its frames.
+    """
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self._fd = conn.fileno()
+        self._held: list[bytes] = []
+        self._due = 0.0
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def send(self, msg: Any, hold: bool = False) -> None:
+        """Send ``msg`` after what is held, or (``hold``) hold it too."""
+        data = dumps(msg)
+        if len(data) >= 1 << 31:  # Connection's long frame
+            self.flush()
+            self.conn.send_bytes(data)
+            return
+        with self._lock:
+            self._held += (_INT32.pack(len(data)), data)
+            if not hold:
+                self._write()
+            elif len(self._held) == 2:  # the first held: the helper writes it when due
+                self._due = time.monotonic() + _HOLD_S
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._flusher, name="stoker-outbox", daemon=True
+                    )
+                    self._thread.start()
+                self._cond.notify()
+
+    def flush(self) -> None:
+        """Write everything held now."""
+        with self._lock:
+            self._write()
+
+    def close(self) -> None:
+        """Write what is held (if the pipe still takes it) and stop the helper thread."""
+        with self._lock:
+            self._closed = True
+            self._cond.notify()
+            with contextlib.suppress(OSError):
+                self._write()
+        if self._thread is not None:
+            self._thread.join(_HOLD_S * 100)
+
+    def _write(self) -> None:  # with the lock held
+        if not self._held:
+            return
+        view = memoryview(b"".join(self._held))
+        self._held.clear()
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def _flusher(self) -> None:
+        with self._lock:
+            while not self._closed:
+                if not self._held:
+                    self._cond.wait()
+                    continue
+                left = self._due - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                with contextlib.suppress(OSError):
+                    self._write()
 
 
 _PLAIN = frozenset({tuple, list, dict, str, bytes, int, float, bool, type(None)})

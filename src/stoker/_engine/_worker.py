@@ -8,9 +8,10 @@ Messages, main -> worker: a list of tasks ``(generation, index, task, seed,
 freed_slot_ids, dtype)`` (see :func:`~stoker._engine._transport.pack_tasks`; all the
 tasks the main process had for this worker at once: one pipe message, one wake-up),
 ``("free", freed_slot_ids)``, or ``None`` (stop). Worker -> main:
-``("ok", generation, index, slot, payload, retired_segments, busy_seconds, skipped)`` (busy:
-the fetch + collate time, for ``loader.statistics()``; skipped: None, or the samples left
-out with ``skip_errors``, see :meth:`~stoker._fetch.MapFetcher.fetch_skipping`),
+``("ok", generation, index, slot, payload, retired_segments, busy_seconds, skipped,
+untouched)`` (busy: the fetch + collate time, for ``loader.statistics()``; skipped: None, or
+the samples left out with ``skip_errors``, see :meth:`~stoker._fetch.MapFetcher.fetch_skipping`;
+untouched: for a slow batch, whether the global RNGs were left alone, else None),
 ``("end", generation, index)`` (an iterable dataset is exhausted) or
 ``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
 ``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` last of all.
@@ -39,9 +40,17 @@ from stoker._engine._buffers import BufferPool
 from stoker._engine._pin import pin
 from stoker._engine._shm import Arena
 from stoker._engine._split import HelpBoard
-from stoker._engine._transport import Inbox, RemoteError, dumps, encode, unpack_task
+from stoker._engine._tail import SPLIT_MIN_S
+from stoker._engine._transport import (
+    FAST_BATCH_S,
+    Inbox,
+    Outbox,
+    RemoteError,
+    encode,
+    unpack_task,
+)
 from stoker._fetch import IterableFetcher, MapFetcher
-from stoker._random import seed_globals
+from stoker._random import globals_untouched, seed_globals
 from stoker._worker_info import WorkerInfo, set_worker_info
 
 _PR_SET_PDEATHSIG = 1
@@ -245,7 +254,11 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
             conn.send(("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up")))
             return
         conn.send(("ready", -1, -2))
-        _serve(args, conn, arena)
+        outbox = Outbox(conn)
+        try:
+            _serve(args, conn, outbox, arena)
+        finally:
+            outbox.close()
     except (_ParentDied, EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone: clean up below and exit quietly
     finally:
@@ -259,7 +272,7 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
             conn.send(BYE)
 
 
-def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
+def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
     fetcher = args.fetcher
     iterable = isinstance(fetcher, IterableFetcher)
     generation = None
@@ -269,6 +282,8 @@ def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
         # Read everything already sent before taking a slot: free-slot notices sent after
         # queued tasks then count before the next batch (no new slot for nothing).
         while not pending or inbox.readable():
+            if not pending:
+                outbox.flush()  # nothing is held while the worker waits
             msg = inbox.recv()
             if msg is None:
                 return
@@ -284,7 +299,7 @@ def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
             generation = gen
             _reset_fetcher(fetcher)
         if iterable and fetcher.ended:  # type: ignore[union-attr]
-            conn.send(("end", gen, index))
+            outbox.send(("end", gen, index))
             continue
         started = time.perf_counter()
         seed_globals(seed)
@@ -296,17 +311,21 @@ def _serve(args: WorkerArgs, conn: Any, arena: Arena) -> None:
         except StopIteration:
             arena.abort()
             if not iterable:
-                conn.send(("err", gen, index, _stop_iteration_error(args, task)))
+                outbox.send(("err", gen, index, _stop_iteration_error(args, task)))
             else:
-                conn.send(("end", gen, index))
+                outbox.send(("end", gen, index))
             continue
         except Exception as exc:
             arena.abort()
-            conn.send(("err", gen, index, RemoteError(exc, _where(args, task))))
+            outbox.send(("err", gen, index, RemoteError(exc, _where(args, task))))
             continue
         busy = time.perf_counter() - started
         retired = arena.take_retired()
-        conn.send_bytes(dumps(("ok", gen, index, slot, payload, retired, busy, skipped)))
+        # For a slow batch, whether the dataset left the global RNGs alone: then its parts
+        # can be loaded by several workers (see stoker._engine._tail).
+        untouched = globals_untouched(seed) if busy >= SPLIT_MIN_S else None
+        reply = ("ok", gen, index, slot, payload, retired, busy, skipped, untouched)
+        outbox.send(reply, hold=bool(pending) and busy < FAST_BATCH_S)
 
 
 def _stop_iteration_error(args: WorkerArgs, task: Any) -> RemoteError:
@@ -373,7 +392,7 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
                 outbox.put((wid, ("err", gen, index, RemoteError(exc, where, keep_object=True))))
                 continue
             busy = time.perf_counter() - started
-            outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped)))
+            outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped, None)))
     finally:
         set_worker_info(None, whole_process=False)
 

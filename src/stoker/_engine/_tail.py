@@ -1,0 +1,119 @@
+"""The tail of an epoch: its last batches split across worker processes that would idle.
+
+A process worker loads whole batches, so the last batches of an epoch can leave workers
+idle: 10 slow batches on 4 workers take 3 rounds where 2.5 would do. When batches are slow
+(:data:`SPLIT_MIN_S` or more), the dataset leaves the global random generators alone (so a
+part seeded like its batch loads the same samples) and the loader uses the default
+collate, the iterator asks :func:`plan` how to cut a task among the workers that would
+otherwise finish early, sends the parts as tasks of their own, and joins the collated parts
+with :func:`concat`: the batch that one worker would have made, for one more copy of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from stoker import _torch
+
+SPLIT_MIN_S = 0.02
+"""Batches that take less than this to load are never split (a part costs a message and
+its share of a copy)."""
+_MIN_SHARE = 0.1
+"""A worker's share of a split batch is at least this fraction (else it is sent whole)."""
+
+
+def plan(n: int, loads: Sequence[float], remaining: float) -> list[tuple[int, int]] | None:
+    """How to share a task of ``n`` samples among workers: ``[(worker, samples), ...]`` in
+    sample order, or None to send it whole.
+
+    The remaining work is poured onto the workers' projected loads until they are level
+    (water filling); this task fills the least loaded ones up to that level.
+
+    Args:
+        n: samples in the task.
+        loads: each worker's projected work, in batches (its queued tasks and what is left
+            of the one it runs).
+        remaining: batches not sent yet, this one included.
+
+    >>> plan(100, [1.0, 1.0, 1.0, 1.0], 2)  # 2 batches on 4 level workers: halves
+    [(0, 50), (1, 50)]
+    >>> plan(100, [2.0, 1.0], 1) is None  # the less loaded worker takes it whole
+    True
+    """
+    level = water_level(loads, remaining)
+    shares: list[tuple[int, float]] = []
+    left = 1.0
+    for w in sorted(range(len(loads)), key=loads.__getitem__):
+        share = min(left, level - loads[w])
+        if share < _MIN_SHARE:
+            break
+        shares.append((w, share))
+        left -= share
+    if len(shares) < 2 or shares[0][1] > 1 - _MIN_SHARE:
+        return None
+    total = sum(s for _, s in shares)  # < 1 when the last share was too small: spread it
+    out, done, acc = [], 0, 0.0
+    for w, share in shares:
+        acc += share / total
+        end = round(acc * n)
+        if end > done:
+            out.append((w, end - done))
+            done = end
+    return out if len(out) > 1 else None
+
+
+def water_level(loads: Sequence[float], amount: float) -> float:
+    """The level ``L`` at which ``sum(max(0, L - load))`` equals ``amount``.
+
+    >>> water_level([1.0, 2.0], 1.0), water_level([1.0, 1.0, 1.0, 1.0], 2.0)
+    (2.0, 1.5)
+    """
+    ordered = sorted(loads)
+    total = 0.0
+    for k, load in enumerate(ordered, 1):
+        total += load
+        level = (amount + total) / k
+        if k == len(ordered) or level <= ordered[k]:
+            return level
+    return float(amount)  # no workers
+
+
+def mergeable(batch: Any) -> bool:
+    """Whether :func:`concat` can join batches shaped like ``batch`` (what stoker's default
+    collate makes of most samples: arrays, tensors and str/bytes columns in dicts, lists and
+    namedtuples)."""
+    if isinstance(batch, np.ndarray) or _torch.is_tensor(batch):
+        return bool(batch.ndim > 0)
+    if type(batch) is dict:
+        return all(mergeable(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)) and batch:
+        if all(isinstance(x, (str, bytes)) for x in batch):
+            return True
+        return (type(batch) is list or _is_namedtuple(batch)) and all(map(mergeable, batch))
+    return False
+
+
+def concat(parts: Sequence[Any]) -> Any:
+    """The batch that default collate makes of all samples of ``parts``, in order, from the
+    batches it made of each part (leaves joined along the first axis)."""
+    first = parts[0]
+    if isinstance(first, np.ndarray):
+        return np.concatenate(parts)
+    if _torch.is_tensor(first):
+        torch = _torch.loaded()
+        assert torch is not None  # a tensor exists
+        return torch.cat(list(parts))
+    if type(first) is dict:
+        return {k: concat([p[k] for p in parts]) for k in first}
+    if all(isinstance(x, (str, bytes)) for x in first):  # a column of strings
+        return type(first)(itertools.chain.from_iterable(parts))
+    columns = [concat(col) for col in zip(*parts, strict=True)]
+    return type(first)(*columns) if _is_namedtuple(first) else columns
+
+
+def _is_namedtuple(x: Any) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
