@@ -1,9 +1,9 @@
 """W3, tiny samples: 200k pairs (8 float32, int64 label), batch 256, shuffled, one epoch.
 
 Runs torch.utils.data.DataLoader and stoker's DataLoader side by side (stoker on NumPy
-arrays and on torch tensors), alternating, and prints the median samples/s and ratios;
-grain and torchdata's StatefulDataLoader run the same workload when installed
-(``benchmarks/peers.py``), else they are left out.
+arrays and on torch tensors; with workers, both also with persistent workers), alternating,
+and prints the median samples/s and ratios; grain and torchdata's StatefulDataLoader run
+the same workload when installed (``benchmarks/peers.py``), else they are left out.
 
     python benchmarks/w3_tiny.py [--workers N] [--repeats R]
 """
@@ -51,6 +51,13 @@ def main() -> None:
         "stoker (numpy)": epoch(stoker.DataLoader(stoker.TensorDataset(x, y), **kw)),
         "stoker (torch tensors)": epoch(stoker.DataLoader(stoker.TensorDataset(tx, ty), **kw)),
     }
+    if args.workers:  # workers kept from one epoch to the next: no start-up per run
+        keep = {**kw, "persistent_workers": True}
+        tds = torch.utils.data.TensorDataset(tx, ty)
+        contenders["torch persistent"] = epoch(torch.utils.data.DataLoader(tds, **keep))
+        contenders["stoker (numpy) persistent"] = epoch(
+            stoker.DataLoader(stoker.TensorDataset(x, y), **keep)
+        )
     contenders = peers.add(
         contenders,
         {

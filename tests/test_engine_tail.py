@@ -166,3 +166,19 @@ def test_plan_leaves_a_balanced_tail_whole() -> None:
     parts = plan(100, [1.0, 1.0, 0.5, 0.5], 1)
     assert parts is not None and sum(c for _, c in parts) == 100
     assert len({w for w, _ in parts}) == len(parts)
+
+
+class _Unsized:
+    """A batch sampler without a length."""
+
+    def __iter__(self) -> Any:
+        return iter([list(range(i, i + BATCH)) for i in range(0, 5 * BATCH, BATCH)])
+
+
+def test_batch_sampler_without_length_is_never_split() -> None:
+    """Without a length the tail is unknown: batches load whole, all of them."""
+    loader = DataLoader(Waits(), batch_sampler=_Unsized(), num_workers=4, persistent_workers=True)
+    for _ in range(2):
+        got = list(loader)
+        assert _pids(got) == [1] * 5
+    del loader

@@ -246,8 +246,11 @@ class MultiWorkerIterator:
         """How to split batch ``k`` among workers that would otherwise idle, or None."""
         if not (self._can_split and self._mergeable and self._loader._rng_untouched):
             return None
+        try:
+            remaining = len(self._loader) - k
+        except TypeError:  # a batch sampler without a length: the tail is unknown
+            return None
         mean = self._busy_sum / max(1, self._busy_n)
-        remaining = len(self._loader) - k
         if mean < SPLIT_MIN_S or remaining >= self._num_workers or len(task) < 2:
             return None
         now = time.perf_counter()
