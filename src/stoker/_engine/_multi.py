@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from stoker._collate import DefaultCollate
 from stoker._engine._pin import pin
 from stoker._engine._pool import ProcessPool, ThreadPool
-from stoker._engine._tail import SPLIT_MIN_S, concat, mergeable, plan
+from stoker._engine._tail import concat, mergeable, plan, worth_splitting
 from stoker._engine._transport import RemoteError, group_size
 from stoker._random import mix_seed
 from stoker._stats import StatsRecorder
@@ -251,7 +251,8 @@ class MultiWorkerIterator:
         except TypeError:  # a batch sampler without a length: the tail is unknown
             return None
         mean = self._busy_sum / max(1, self._busy_n)
-        if mean < SPLIT_MIN_S or remaining >= self._num_workers or len(task) < 2:
+        nbytes = self._stats.bytes / max(1, self._stats.batches)
+        if remaining >= self._num_workers or len(task) < 2 or not worth_splitting(mean, nbytes):
             return None
         now = time.perf_counter()
         loads = [0.0] * self._num_workers

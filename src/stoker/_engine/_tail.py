@@ -20,10 +20,23 @@ import numpy as np
 from stoker import _torch
 
 SPLIT_MIN_S = 0.02
-"""Batches that take less than this to load are never split (a part costs a message and
-its share of a copy)."""
+"""Batches that take less than this to load are never split (a part costs a message)."""
+_JOIN_BYTES_PER_S = 4e9
+_GAIN = 5
+"""A batch is split only if loading it takes ``_GAIN`` times longer than joining its parts
+(a copy, at about ``_JOIN_BYTES_PER_S``): a batch whose loading is mostly copying, as with
+samples already in memory, is left whole."""
 _MIN_SHARE = 0.1
 """A worker's share of a split batch is at least this fraction (else it is sent whole)."""
+
+
+def worth_splitting(load_s: float, nbytes: float) -> bool:
+    """Whether batches of ``nbytes`` that take ``load_s`` to load gain from a split.
+
+    >>> worth_splitting(0.5, 100 << 20), worth_splitting(0.03, 100 << 20)
+    (True, False)
+    """
+    return load_s >= SPLIT_MIN_S and load_s >= _GAIN * nbytes / _JOIN_BYTES_PER_S
 
 
 def plan(n: int, loads: Sequence[float], remaining: float) -> list[tuple[int, int]] | None:
