@@ -180,6 +180,7 @@ def test_fast_path_matches_plain_path_at_full_scale(
 ) -> None:
     """With the same seed and the accurate IDCT, full-scale fused output equals the plain path."""
     monkeypatch.setattr(_fused, "_FAST_RANDOM_DECODE", False)
+    monkeypatch.setattr(_fused, "_TORCH_RESAMPLE", False)  # Pillow's filter, as the plain path
     tf = T.Compose(
         [T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
     )
@@ -213,8 +214,11 @@ def test_random_crop_fast_decode_stays_close_to_plain_path(tree: Path) -> None:
     assert max(d.max() for d in diffs) < 64 / 255
 
 
-def test_resize_path_is_exact_on_large_images(tmp_path: Path) -> None:
+def test_resize_path_is_exact_on_large_images(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Resize + CenterCrop decodes at full scale even when DCT scaling would apply: exact."""
+    monkeypatch.setattr(_fused, "_TORCH_RESAMPLE", False)  # Pillow's filter, as the plain path
     (tmp_path / "c").mkdir()
     Image.fromarray(_photo(480, 640, 7)).save(tmp_path / "c" / "big.jpg", quality=92)
     tf = T.Compose([T.Resize(64), T.CenterCrop(56), T.ToTensor()])
@@ -240,7 +244,7 @@ def test_random_crop_dct_scaling_stays_close(tmp_path: Path) -> None:
 
 
 def test_batch_array_is_reused_only_when_no_sample_is_alive(tree: Path) -> None:
-    """__getitems__ reuses its batch memory once the last batch's samples are gone, never before."""
+    """__getitems__ reuses batch memory once no sample of it is alive, never memory in use."""
     tf = T.Compose([T.RandomResizedCrop(20), T.ToTensor()])
     ds = V.ImageFolder(tree, transform=tf)
     first = ds.__getitems__([0, 1, 2])
@@ -248,10 +252,11 @@ def test_batch_array_is_reused_only_when_no_sample_is_alive(tree: Path) -> None:
     second = ds.__getitems__([4, 5, 6])  # first still alive: must not be overwritten
     np.testing.assert_array_equal(first[1][0], kept)
     assert not np.shares_memory(first[0][0], second[0][0])
-    address = second[0][0].__array_interface__["data"][0]
-    del first, second
+    address = first[0][0].__array_interface__["data"][0]
+    del first  # as in a training loop, the last batch is still held
     third = ds.__getitems__([0, 1, 2])
     assert third[0][0].__array_interface__["data"][0] == address
+    assert not np.shares_memory(third[0][0], second[0][0])
 
 
 def test_dct_divisor_covers_the_crop() -> None:
@@ -349,8 +354,11 @@ def test_short_decode_only_for_complete_sequential_files() -> None:
         _decode.decode_scaled(data[: len(data) // 2], "cut.jpg", (64, 48), 1, fast=True, rows=8)
 
 
-def test_resize_center_crop_on_whole_pixels_matches_plain_path(tmp_path: Path) -> None:
+def test_resize_center_crop_on_whole_pixels_matches_plain_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Resize + CenterCrop whose box falls on whole source pixels still filters as Resize does."""
+    monkeypatch.setattr(_fused, "_TORCH_RESAMPLE", False)  # Pillow's filter, as the plain path
     (tmp_path / "c").mkdir()
     Image.fromarray(_photo(512, 512, 5)).save(tmp_path / "c" / "sq.jpg", quality=92)
     tf = T.Compose([T.Resize(64), T.CenterCrop(48), T.ToTensor()])  # box (64, 64, 384, 384)

@@ -68,6 +68,14 @@ class ColumnBatch(Sequence[Any]):
         """Whether any source is a torch tensor (then default collate gives tensors)."""
         return any(_torch.is_tensor(s) for s in self.sources)
 
+    def numeric(self) -> bool:
+        """Whether every source is a tensor or holds numbers, so collate can gather columns.
+
+        A subclass that makes its columns only in :meth:`gather` overrides this (and
+        :meth:`any_tensor`) so that collate need not look at ``sources``.
+        """
+        return all(_torch.is_tensor(s) or np.asarray(s).dtype.kind in "biufc" for s in self.sources)
+
     def gather(self, alloc: Alloc | None = None) -> list[Any]:
         """Each source's rows at ``indices``, one array or tensor per source.
 

@@ -204,7 +204,7 @@ def collate(batch: Any, *, tensor_type: str | None = None, alloc: Alloc | None =
         CollateError: shapes or lengths differ between samples.
         TypeError: a value that cannot be batched.
     """
-    if type(batch) is ColumnBatch:
+    if isinstance(batch, ColumnBatch):
         return _collate_columns(batch, tensor_type, alloc)
     try:
         first = batch[0]
@@ -366,10 +366,9 @@ def _collate_columns(batch: ColumnBatch, tensor_type: str | None, alloc: Alloc |
     check_tensor_type(tensor_type)
     if len(batch) == 0:
         raise IndexError("default_collate needs at least one sample, got an empty batch.")
-    for src in batch.sources:
-        if not _torch.is_tensor(src) and np.asarray(src).dtype.kind not in _NP_KINDS:
-            # strings or objects: the samples decide what they become, as torch does
-            return collate(list(batch), tensor_type=tensor_type, alloc=alloc)
+    if not batch.numeric():
+        # strings or objects: the samples decide what they become, as torch does
+        return collate(list(batch), tensor_type=tensor_type, alloc=alloc)
     if tensor_type is None:
         torch = _torch.loaded() if batch.any_tensor() else None
     else:

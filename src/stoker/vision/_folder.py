@@ -225,11 +225,14 @@ class DatasetFolder:
             target = self.target_transform(target)
         return sample, target
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
         """The samples at ``indices``, as ``[self[i] for i in indices]`` gives them.
 
         On the fast path the random draws happen first, in order, and the decodes then run
-        in parallel threads (see :mod:`stoker.vision._fused`); otherwise one by one.
+        in parallel threads (see :mod:`stoker.vision._fused`); otherwise one by one. When
+        every sample took the fast path to the same size with int targets, the result is
+        a :class:`~stoker.vision._fused.FusedBatch`, which stoker's collate writes
+        straight into the batch buffer; otherwise a list.
         """
         fast = self._fast_plan()
         if fast is None:
@@ -249,6 +252,13 @@ class DatasetFolder:
                 items.append(len(jobs))
                 jobs.append(job)
             targets.append(target)
+        if len(jobs) == len(items) > 0 and not fast.rest and _fused.one_size(jobs):
+            pixels = _fused.pixels_batch(fast, jobs)
+            if self.target_transform is not None:
+                targets = [self.target_transform(target) for target in targets]
+            if all(type(target) is int for target in targets):
+                return _fused.FusedBatch(fast, pixels, targets)
+            return [(_fused.normalize(fast, px), t) for px, t in zip(pixels, targets, strict=True)]
         images = _fused.run_batch(fast, jobs)
         out = []
         for item, target in zip(items, targets, strict=True):

@@ -10,34 +10,46 @@ A :class:`FusedPlan` is made from a ``Compose`` whose transforms start with::
 
 For a JPEG file it draws the crop first (with the same calls to ``random``, in the same
 order, as the plain transforms), decodes at the smallest DCT scale whose crop still covers
-the output (and, for a random crop, only down to the crop's bottom row), copies just the
-rectangle the filter reads into a Pillow image and resamples it to the output size with
-Pillow's filter (one resample, in C), flips with NumPy views, and writes the C x H x W
+the output (and, for a random crop, only down to the crop's bottom row), resamples the crop
+to the output size (one resample, in C), flips with NumPy views, and writes the C x H x W
 float32 result with one multiply and one subtract per pixel. Anything else (other
 transforms, non-JPEG files, CMYK JPEGs) takes the plain path.
 
-Resize [+ CenterCrop] (evaluation, deterministic) matches the plain path, and so
-torchvision, to float rounding: full-scale decode with the accurate integer IDCT and fancy
-upsampling, and a filter that sees the pixels around the box as when the plain path resizes
-the whole image and then crops. RandomResizedCrop (training) draws its crop by the same
-calls to ``random`` in the same order, so the parameters follow the same distribution; it
-crops and then resizes as the plain path does, but decodes with libjpeg-turbo's fast IDCT
-and plain chroma upsampling (about 7% less decode time; on 500 x 375 photos with grain, a
-mean difference of 2.6/255 after the resize, 99% of values within 13/255; set
-``_FAST_RANDOM_DECODE`` to False for the exact pixels), stops decoding below the crop
-(about 14% less decode time on average, the same pixels), and decodes at 1/2, 1/4 or 1/8
-DCT scale when the crop is still at least the output size at that scale (DCT scaling
-averages blocks where the full decode plus antialiased resize filters them: a mean
-difference of about 2/255).
+The resampler: when torch is already imported (it is never imported for this), bilinear
+resampling of a crop on whole pixels runs torch's antialiased uint8 kernel, about a third
+of Pillow's cost and within 1/255 of Pillow's result (about 4% of values differ by one
+level); for Resize + CenterCrop it resizes the whole image and then crops, as the plain
+path does, within 1/255 of the plain path. Otherwise (no torch, another filter: torch's
+bicubic differs by up to 3/255; a DCT-scaled crop whose box is not on whole pixels)
+Pillow's filter runs on just the rectangle it reads, copied into a Pillow image.
+
+Resize [+ CenterCrop] (evaluation, deterministic) with Pillow matches the plain path, and so
+torchvision, to float rounding (at most 1/255): full-scale decode with the accurate integer
+IDCT and fancy upsampling, and a filter that sees the pixels around the box as when the
+plain path resizes the whole image and then crops. RandomResizedCrop (training) draws its
+crop by the same calls to ``random`` in the same order, so the parameters follow the same
+distribution; it crops and then resizes as the plain path does, but decodes with
+libjpeg-turbo's fast IDCT and plain chroma upsampling (about 7% less decode time; on
+500 x 375 photos with grain, a mean difference of 2.6/255 after the resize, 99% of values
+within 13/255; set ``_FAST_RANDOM_DECODE`` to False for the exact pixels), stops decoding
+below the crop (about 14% less decode time on average, the same pixels), and decodes at
+1/2, 1/4 or 1/8 DCT scale when the crop is still at least the output size at that scale
+(DCT scaling averages blocks where the full decode plus antialiased resize filters them: a
+mean difference of about 2/255). Set ``_TORCH_RESAMPLE`` to False for Pillow everywhere.
 
 Batches: ``ImageFolder.__getitems__`` draws every sample's parameters first, in index
-order in the calling thread, then runs the decodes in a small thread pool (libjpeg-turbo
-and Pillow's resampling release the GIL). The result does not depend on the number of
-threads. In the main process the pool uses the available cores; in worker processes the
-cores are shared among the workers (one thread each on a 2-core machine with 2 workers);
-thread workers decode in their own thread. Same-sized images of a batch are written into
-one float32 batch array, reused for the next batch once no sample of it is referenced (no
-fresh memory, so no page faults, per batch), and the decode buffer is reused per thread.
+order in the calling thread, then runs the decodes and resamples in a small thread pool
+(libjpeg-turbo, Pillow and torch release the GIL; torch's thread setting is left as the
+user set it). The result does not depend on the number of threads. In the main process the
+pool uses the available cores; in worker processes the cores are shared among the workers
+(one thread each on a 2-core machine with 2 workers); thread workers decode in their own
+thread. When every sample of
+the batch took the fast path to one size (with int targets and nothing after Normalize),
+it returns a :class:`FusedBatch` of uint8 images that stoker's collate normalises straight
+into its batch buffer (shared memory in a worker process): the float32 batch is written
+once, not written and then copied. Otherwise same-sized images are written into one float32
+batch array, reused once no sample of it is referenced (no fresh memory, so no page faults,
+per batch), and the decode buffer is reused per thread.
 """
 
 from __future__ import annotations
@@ -53,8 +65,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
-from stoker import _worker_info
+from stoker import _torch, _worker_info
+from stoker._batch import Alloc, ColumnBatch
 from stoker._worker_info import get_worker_info
 from stoker.vision import _decode
 from stoker.vision.transforms._base import Compose, pil_filter
@@ -72,7 +86,9 @@ _PLAIN_COLORSPACES = ("YCbCr", "Gray", "RGB")
 _MAX_THREADS = 8
 _FAST_RANDOM_DECODE = True
 """Whether RandomResizedCrop decodes with the fast IDCT and upsampling (read by :func:`plan`)."""
-_local = threading.local()  # per thread: the reusable batch array
+_TORCH_RESAMPLE = True
+"""Whether bilinear resampling uses torch's uint8 kernel when torch is already imported."""
+_local = threading.local()  # per thread: the reusable batch arrays
 
 
 @dataclass(frozen=True)
@@ -141,28 +157,30 @@ def plan(transform: object) -> FusedPlan | None:
     return FusedPlan(geometry, center, tuple(flips), scale, offset, tuple(ts[pos:]), fast)
 
 
-def _box(
-    p: FusedPlan, height: int, width: int
-) -> tuple[float, float, float, float, int, int] | None:
-    """The source box (top, left, h, w) and output (h, w); draws the crop as the plain path.
+_Box = tuple[float, float, float, float, int, int, tuple[int, int, int, int] | None]
 
-    None, before any random draw, when the plain path must run instead.
+
+def _box(p: FusedPlan, height: int, width: int) -> _Box | None:
+    """The source box (top, left, h, w), output (h, w) and whole resize; draws as the plain path.
+
+    The whole resize is (resized h, resized w, crop top, crop left) for Resize + CenterCrop,
+    else None. None, before any random draw, when the plain path must run instead.
     """
     g = p.geometry
     if type(g) is RandomResizedCrop:
         top, left, h, w = random_resized_crop_params(width, height, g.scale, g.ratio)
-        return top, left, h, w, g.size[0], g.size[1]
+        return top, left, h, w, g.size[0], g.size[1], None
     assert isinstance(g, Resize)
     rh, rw = g.output_size(height, width)
     if p.center is None:
-        return 0.0, 0.0, height, width, rh, rw
+        return 0.0, 0.0, height, width, rh, rw, None
     ch, cw = p.center.size
     if ch > rh or cw > rw:
         return None  # CenterCrop would pad: the plain path does that
     ct = round((rh - ch) / 2.0)
     cl = round((rw - cw) / 2.0)
     sy, sx = height / rh, width / rw
-    return ct * sy, cl * sx, ch * sy, cw * sx, ch, cw
+    return ct * sy, cl * sx, ch * sy, cw * sx, ch, cw, (rh, rw, ct, cl)
 
 
 @dataclass(frozen=True)
@@ -179,6 +197,8 @@ class Job:
     box: tuple[float, float, float, float]
     out: tuple[int, int]
     flips: tuple[bool, ...]
+    resized: tuple[int, int, int, int] | None = None
+    """For Resize + CenterCrop: (resized h, resized w, crop top, crop left)."""
 
 
 def prepare(p: FusedPlan, path: str, data: bytes) -> Job | None:
@@ -201,9 +221,9 @@ def prepare(p: FusedPlan, path: str, data: bytes) -> Job | None:
     box = _box(p, height, width)
     if box is None:
         return None
-    top, left, bh, bw, oh, ow = box
+    top, left, bh, bw, oh, ow, resized = box
     flips = tuple(vertical for vertical, prob in p.flips if random.random() < prob)
-    return Job(path, data, (height, width), (top, left, bh, bw), (oh, ow), flips)
+    return Job(path, data, (height, width), (top, left, bh, bw), (oh, ow), flips, resized)
 
 
 def execute(
@@ -212,6 +232,22 @@ def execute(
     """The C x H x W float32 image of ``job`` (before ``p.rest``), written into ``out`` if given.
 
     Decoding and resampling release the GIL, so threads run jobs in parallel.
+
+    Raises:
+        OSError: for a corrupt or truncated file (the message names it).
+    """
+    return normalize(p, pixels(p, job), out)
+
+
+def pixels(p: FusedPlan, job: Job, own: bool = False) -> np.ndarray[Any, Any]:
+    """The job's image decoded, resampled and flipped: H x W x 3 uint8 (possibly a view).
+
+    Args:
+        p: the plan.
+        job: the image and its random draws.
+        own: never return a view of this thread's decode buffer, which the next decode
+            overwrites (only a crop of exactly the output size needs no resample and so
+            would be such a view).
 
     Raises:
         OSError: for a corrupt or truncated file (the message names it).
@@ -226,10 +262,22 @@ def execute(
     src = _decode.decode_scaled(job.data, job.path, job.size, divisor, p.fast_decode, rows)
     flt = pil_filter(p.geometry.interpolation)
     hwc = _resample(src, job, divisor, random_crop, flt)
+    if own and isinstance(src, np.ndarray) and np.shares_memory(hwc, src):
+        hwc = hwc.copy()
     for vertical in job.flips:
         hwc = hwc[::-1] if vertical else hwc[:, ::-1]
+    return hwc
+
+
+def normalize(
+    p: FusedPlan, hwc: np.ndarray[Any, Any], out: np.ndarray[Any, Any] | None = None
+) -> np.ndarray[Any, Any]:
+    """ToTensor + Normalize of the H x W x 3 uint8 ``hwc``: C x H x W float32, into ``out``.
+
+    One multiply and one subtract per value, from any strides of ``hwc`` (flips are views).
+    """
     if out is None:
-        out = np.empty((3, oh, ow), dtype=np.float32)
+        out = np.empty((3, *hwc.shape[:2]), dtype=np.float32)
     np.multiply(hwc.transpose(2, 0, 1), p.scale, out=out)
     np.subtract(out, p.offset, out=out)
     return out
@@ -242,8 +290,9 @@ def _resample(
 
     With ``crop_first`` (RandomResizedCrop) the filter sees only the crop, as when the plain
     path crops and then resizes; otherwise (Resize [+ CenterCrop]) it sees the pixels around
-    the box too, as when the plain path resizes the whole image and then crops. Either way
-    only the rectangle the filter reads is copied into Pillow's layout.
+    the box too, as when the plain path resizes the whole image and then crops. Pillow
+    resamples only the rectangle the filter reads; torch (see :func:`_torch_for`) resamples
+    a crop on whole pixels, or the whole image for Resize + CenterCrop and then crops.
     """
     height, width = job.size
     dh, dw = _decode.decoded_size(src)  # dh may stop below the box (see decode_scaled)
@@ -265,12 +314,45 @@ def _resample(
     exact = (rl, rt, rr, rb) == (x0, y0, x1, y1)
     if exact and (rb - rt, rr - rl) == (oh, ow) and isinstance(src, np.ndarray):
         return src[rt:rb, rl:rr]  # nothing to resample
+    torch = _torch_for(flt)
+    if torch is not None and isinstance(src, np.ndarray):
+        if exact:
+            return _torch_resize(torch, src[rt:rb, rl:rr], oh, ow)
+        if job.resized is not None and (dh, dw) == (height, width):
+            rh, rw, ct, cl = job.resized
+            return _torch_resize(torch, src, rh, rw)[ct : ct + oh, cl : cl + ow]
     img = _decode.region(src, rl, rt, rr, rb)
     if exact:
         img = img.resize((ow, oh), flt) if img.size != (ow, oh) else img
     else:
         img = img.resize((ow, oh), flt, box=(x0 - rl, y0 - rt, x1 - rl, y1 - rt))
     return np.asarray(img)
+
+
+def _torch_for(flt: int) -> Any:
+    """torch, when it resamples a decoded array with filter ``flt``; else None (Pillow does).
+
+    torch's antialiased bilinear uint8 kernel gives Pillow's result within 1/255 at about a
+    third of its cost; its bicubic differs by up to 3/255, and the other filters have no
+    torch equivalent, so those stay on Pillow. torch is never imported for this.
+    """
+    if not _TORCH_RESAMPLE or flt != Image.Resampling.BILINEAR:
+        return None
+    return _torch.loaded()
+
+
+def _torch_resize(torch: Any, hwc: np.ndarray[Any, Any], oh: int, ow: int) -> np.ndarray[Any, Any]:
+    """The H x W x 3 uint8 ``hwc`` (any row stride) resized to ``oh`` x ``ow`` by torch.
+
+    The input is copied once into channels-last order, the layout of torch's vectorised
+    uint8 kernel (faster than handing it the strided view); the output is H x W x 3.
+    """
+    t = torch.from_numpy(hwc).permute(2, 0, 1)[None]
+    t = t.contiguous(memory_format=torch.channels_last)
+    r = torch.nn.functional.interpolate(
+        t, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
+    )
+    return r[0].permute(1, 2, 0).numpy()  # type: ignore[no-any-return]
 
 
 def finish(p: FusedPlan, image: np.ndarray[Any, Any]) -> Any:
@@ -314,26 +396,31 @@ def _refs(obj: object) -> int:
     return sys.getrefcount(obj)
 
 
-_local.probe = np.empty(1)
-_FREE_REFS = _refs(_local.probe)
-"""References to a held array that nobody else uses, counted as :func:`_batch_array` does."""
-del _local.probe
+_KEEP_BATCHES = 2
+"""Batch arrays kept per thread: the batch the training loop still holds, and a free one."""
+_probe = [np.empty(1)]
+_FREE_REFS = _refs(_probe[0])
+"""References to a kept array that nobody else uses, counted as :func:`_batch_array` does."""
+del _probe
 
 
 def _batch_array(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    """A float32 array of ``shape``: this thread's previous one when no view of it is alive.
+    """A float32 array of ``shape``: one this thread made before when no view of it is alive.
 
-    The samples of a batch are views of it; collate copies them into the batch (shared
-    memory in a worker), after which they die and the memory serves the next batch without
-    page faults. While anything still holds a sample, a fresh array is made.
+    Samples and collated batches are views of it. While anything still holds a view, its
+    memory is not handed out again; the thread keeps two arrays, so that the batch a
+    training loop still holds while it asks for the next one does not force fresh memory
+    (and its page faults) for every batch.
     """
     size = int(np.prod(shape))
-    held = getattr(_local, "batch", None)
-    fits = held is not None and held.size >= size
-    del held  # a local reference would count as a user
-    if not fits or _refs(_local.batch) > _FREE_REFS:
-        _local.batch = np.empty(size, dtype=np.float32)
-    return _local.batch[:size].reshape(shape)  # type: ignore[no-any-return]
+    kept: list[np.ndarray[Any, Any]] = _local.__dict__.setdefault("batches", [])
+    for i in range(len(kept)):  # indices only: a local reference would count as a user
+        if kept[i].size >= size and _refs(kept[i]) <= _FREE_REFS:
+            return kept[i][:size].reshape(shape)
+    if len(kept) >= _KEEP_BATCHES:
+        del kept[0]
+    kept.append(np.empty(size, dtype=np.float32))
+    return kept[-1][:size].reshape(shape)
 
 
 def run_batch(p: FusedPlan, jobs: list[Job]) -> list[np.ndarray[Any, Any]]:
@@ -345,12 +432,106 @@ def run_batch(p: FusedPlan, jobs: list[Job]) -> list[np.ndarray[Any, Any]]:
     behind in a process that forks workers afterwards (threads do not survive fork).
     """
     outs: list[np.ndarray[Any, Any] | None] = [None] * len(jobs)
-    if jobs and all(job.out == jobs[0].out for job in jobs):
+    if one_size(jobs):
         batch = _batch_array((len(jobs), 3, *jobs[0].out))
         outs = list(batch)
         del batch
-    threads = min(decode_threads(), len(jobs))
+    return _in_threads(lambda job, out: execute(p, job, out), jobs, outs)
+
+
+def one_size(jobs: list[Job]) -> bool:
+    """Whether there are jobs and all have the same output size."""
+    return bool(jobs) and all(job.out == jobs[0].out for job in jobs)
+
+
+def pixels_batch(p: FusedPlan, jobs: list[Job]) -> list[np.ndarray[Any, Any]]:
+    """:func:`pixels` of every job (none a view of a decode buffer), in parallel threads.
+
+    Raises:
+        OSError: for a corrupt or truncated file (the message names it).
+    """
+    return _in_threads(lambda job, _: pixels(p, job, own=True), jobs, [None] * len(jobs))
+
+
+def _in_threads(fn: Callable[[Any, Any], Any], xs: list[Any], ys: list[Any]) -> list[Any]:
+    """``[fn(x, y) for x, y in zip(xs, ys)]``, in :func:`decode_threads` threads."""
+    threads = min(decode_threads(), len(xs))
     if threads <= 1:
-        return [execute(p, job, out) for job, out in zip(jobs, outs, strict=True)]
+        return [fn(x, y) for x, y in zip(xs, ys, strict=True)]
     with ThreadPoolExecutor(threads, thread_name_prefix="stoker-decode") as pool:
-        return list(pool.map(lambda job, out: execute(p, job, out), jobs, outs))
+        return list(pool.map(fn, xs, ys))
+
+
+class FusedBatch(ColumnBatch):
+    """A batch of fast-path images of one size, resampled but not yet normalised, and targets.
+
+    ``ImageFolder.__getitems__`` returns it after decoding: it is the sequence of
+    ``(image, target)`` samples, but stoker's default collate asks it to :meth:`gather`,
+    which writes the float32 batch once, straight into collate's buffer (shared memory in
+    a worker process) instead of into a batch array that collate then copies. The values
+    are those :func:`execute` gives, bit for bit.
+
+    Args:
+        plan: the plan that made the pixels.
+        images: per sample, the H x W x 3 uint8 output of :func:`pixels` (``own=True``).
+        targets: per sample, the class index (an int).
+    """
+
+    __slots__ = ("_done", "_images", "_plan", "_targets")
+
+    def __init__(
+        self, plan: FusedPlan, images: list[np.ndarray[Any, Any]], targets: list[int]
+    ) -> None:
+        self._plan = plan
+        self._images = images
+        self._targets = targets
+        self._done: np.ndarray[Any, Any] | None = None
+        self.indices = np.arange(len(images))
+        self.keys = None
+
+    @property
+    def sources(self) -> tuple[Any, ...]:  # type: ignore[override]
+        """The columns: the float32 images (normalised on first use) and the targets."""
+        return tuple(self.gather())
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return super().__getitem__(i)
+        return self._normalized()[i], self._targets[i]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return list, (list(self),)  # pickles as the plain list of samples
+
+    def any_tensor(self) -> bool:
+        """False: the columns are NumPy arrays."""
+        return False
+
+    def numeric(self) -> bool:
+        """True: float32 images and int targets."""
+        return True
+
+    def gather(self, alloc: Alloc | None = None) -> list[Any]:
+        """[N x 3 x H x W float32 images, int64 targets], written into ``alloc``'s memory."""
+        targets = np.asarray(self._targets, dtype=np.int64)
+        if alloc is None:
+            return [self._normalized(), targets]
+        images = alloc((len(self._images), 3, *self._images[0].shape[:2]), np.dtype(np.float32))
+        if self._done is not None:
+            images[...] = self._done
+        else:
+            self._normalize_into(images)
+        out = alloc(targets.shape, targets.dtype)
+        out[...] = targets
+        return [images, out]
+
+    def _normalized(self) -> np.ndarray[Any, Any]:
+        """The float32 images, normalised once into a reusable batch array."""
+        if self._done is None:
+            done = _batch_array((len(self._images), 3, *self._images[0].shape[:2]))
+            self._normalize_into(done)
+            self._done = done
+        return self._done
+
+    def _normalize_into(self, images: np.ndarray[Any, Any]) -> None:
+        p = self._plan
+        _in_threads(lambda hwc, out: normalize(p, hwc, out), self._images, list(images))
