@@ -9,12 +9,15 @@ torch and torchvision are installed (they need not be in stoker's dev env)::
 The images (500 x 375, about 80 KB, JPEG quality 90, smooth content plus grain so they
 compress like photos) are written once under ``--data`` (default: a temp folder). One
 timed run is one epoch over the folder, shuffled; stoker returns torch tensors
-(``tensor_type="torch"``) so both sides hand the training loop the same thing.
+(``tensor_type="torch"``) so both sides hand the training loop the same thing. With
+workers, both also run with persistent workers (no process start-up per epoch). CPU per
+image counts the workers too.
 """
 
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import statistics
 import sys
@@ -55,9 +58,20 @@ def make_folder(root: Path, count: int, classes: int = 4, seed: int = 0) -> Path
 
 
 def _cpu_seconds() -> float:
-    """CPU time of this process and of its finished children (the workers of past epochs)."""
+    """CPU time of this process and of its children: those that ended (reaped here first)
+    and those still running or not yet reaped (read from /proc)."""
+    multiprocessing.active_children()  # reaps the workers that have exited
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    total = t.user + t.system + t.children_user + t.children_system
+    tick, me = os.sysconf("SC_CLK_TCK"), os.getpid()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == me:  # fields after the name: state, ppid, ... utime, stime
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def _epoch(loader: Any) -> dict[str, float]:
@@ -70,7 +84,7 @@ def _epoch(loader: Any) -> dict[str, float]:
     return {"images": float(n), "cpu_s": _cpu_seconds() - cpu}
 
 
-def torch_contender(root: Path, workers: int) -> harness.Run:
+def torch_contender(root: Path, workers: int, persistent: bool = False) -> harness.Run:
     """torchvision ImageFolder + transforms + torch DataLoader, one epoch per call."""
     import torch.utils.data
     from torchvision import datasets
@@ -80,11 +94,13 @@ def torch_contender(root: Path, workers: int) -> harness.Run:
         [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
     )
     ds = datasets.ImageFolder(str(root), transform=tf)
-    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=BATCH, shuffle=True, num_workers=workers, persistent_workers=persistent
+    )
     return lambda: _epoch(loader)
 
 
-def stoker_contender(root: Path, workers: int) -> harness.Run:
+def stoker_contender(root: Path, workers: int, persistent: bool = False) -> harness.Run:
     """stoker.vision ImageFolder + transforms (fused fast path) + stoker DataLoader."""
     import stoker
     from stoker.vision import ImageFolder
@@ -95,7 +111,12 @@ def stoker_contender(root: Path, workers: int) -> harness.Run:
     )
     ds = ImageFolder(str(root), transform=tf)
     loader = stoker.DataLoader(
-        ds, batch_size=BATCH, shuffle=True, num_workers=workers, tensor_type="torch"
+        ds,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        tensor_type="torch",
+        persistent_workers=persistent,
     )
     return lambda: _epoch(loader)
 
@@ -121,6 +142,9 @@ def main() -> None:
         except NotImplementedError as exc:
             print(f"\nstoker with num_workers={workers} is not available yet: {exc}")
             continue
+        if workers:  # workers kept from one epoch to the next: no start-up per run
+            contenders["torch persistent"] = torch_contender(root, workers, persistent=True)
+            contenders["stoker persistent"] = stoker_contender(root, workers, persistent=True)
         record = harness.compare(
             f"w4_images_{workers}w",
             contenders,
