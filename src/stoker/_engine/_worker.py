@@ -288,6 +288,8 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
             if msg is None:
                 return
             if type(msg) is list:
+                if pending and msg and msg[0][0] != pending[-1][0]:
+                    _drop_abandoned(pending, arena)
                 pending.extend(msg)
             else:
                 arena.release(msg[1])
@@ -295,7 +297,8 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
         task = unpack_task(task, dtype)
         if freed:
             arena.release(freed)
-        if gen != generation:
+        first = gen != generation  # an epoch's first batch is never held back
+        if first:
             generation = gen
             _reset_fetcher(fetcher)
         if iterable and fetcher.ended:  # type: ignore[union-attr]
@@ -325,7 +328,16 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
         # can be loaded by several workers (see stoker._engine._tail).
         untouched = globals_untouched(seed) if busy >= SPLIT_MIN_S else None
         reply = ("ok", gen, index, slot, payload, retired, busy, skipped, untouched)
-        outbox.send(reply, hold=bool(pending) and busy < FAST_BATCH_S)
+        outbox.send(reply, hold=bool(pending) and busy < FAST_BATCH_S and not first)
+
+
+def _drop_abandoned(pending: collections.deque[Any], arena: Arena) -> None:
+    """Forget the queued tasks of an epoch the main process abandoned (it started another:
+    their results would be dropped); the slots they gave back are free all the same."""
+    for task in pending:
+        if task[4]:
+            arena.release(task[4])
+    pending.clear()
 
 
 def _stop_iteration_error(args: WorkerArgs, task: Any) -> RemoteError:
