@@ -182,8 +182,9 @@ class MultiWorkerIterator:
 
     @property
     def _depth(self) -> int:
-        """Tasks in flight per worker: ``prefetch_factor`` slots of :attr:`_group` batches."""
-        return self._prefetch * max(1, self._group)
+        """Tasks in flight per worker: ``prefetch_factor`` slots of :attr:`_group` batches
+        (of single batches until the epoch's first is out: it comes sooner)."""
+        return self._prefetch * max(1, self._group) if self._yielded else self._prefetch
 
     def _size_group(self) -> None:
         """Fix :attr:`_group` from the first batches' mean bytes and load time."""
