@@ -83,6 +83,8 @@ class DataLoader(Generic[T_co]):
             from which the shuffle order and workers' seeds derive.
         prefetch_factor: batches loaded ahead per worker (default 2 with workers);
             ``"auto"`` deepens it while the consumer still waits with all workers busy.
+            Tiny batches that load in well under a millisecond count as a fraction of
+            one (up to 16 in 256 KiB), so that workers are not left waiting for tasks.
         persistent_workers: keep workers alive between epochs.
         pin_memory_device: the device to pin for; default: the current accelerator.
         in_order: deliver batches in sampler order; False delivers the first ready.
