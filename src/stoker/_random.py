@@ -95,17 +95,33 @@ def seed_globals(seed: int, every_device: bool = False) -> None:
 
     Args:
         seed: the seed.
-        every_device: seed torch's accelerator generators too (``torch.manual_seed``, about
-            0.1 ms); otherwise only its CPU generator (a microsecond, fine per batch).
+        every_device: seed torch's accelerator generators too (``torch.manual_seed``),
+            when this torch build has any; otherwise only its CPU generator (a
+            microsecond, fine per batch).
     """
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
     torch = _torch.loaded()
     if torch is not None:
-        if every_device:
+        if every_device and _has_accelerators(torch):
             torch.manual_seed(seed)
         else:
             torch.default_generator.manual_seed(seed)
+
+
+def _has_accelerators(torch: Any) -> bool:
+    """Whether this torch build has a device besides the CPU that ``torch.manual_seed``
+    seeds. On a CPU build that call only costs: before CUDA starts, it records the stack
+    of the call (reading source files, milliseconds in a new worker)."""
+    c = torch._C
+    custom = getattr(c, "_get_privateuse1_backend_name", lambda: "")()
+    return bool(
+        getattr(c, "_has_cuda", True)
+        or getattr(c, "_has_mps", True)
+        or getattr(c, "_has_xpu", True)
+        or getattr(c, "_mtia_isBuilt", lambda: True)()
+        or (custom and hasattr(torch, custom))
+    )
 
 
 def globals_untouched(seed: int) -> bool:
