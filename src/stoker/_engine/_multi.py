@@ -25,6 +25,7 @@ import os
 import time
 import warnings
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stoker._collate import DefaultCollate
@@ -177,7 +178,10 @@ class MultiWorkerIterator:
                     return wid if self._outstanding[wid] < self._depth else None
                 self._next_worker = (wid + 1) % n
             return None
-        wid = min(range(n), key=self._outstanding.__getitem__)
+        ready: Sequence[int] = range(n)
+        if self._pool.pending_start:  # tasks go to started workers: the others take a while
+            ready = [w for w in ready if self._pool.is_started(w)] or ready
+        wid = min(ready, key=self._outstanding.__getitem__)
         return wid if self._outstanding[wid] < self._depth else None
 
     @property
