@@ -167,7 +167,8 @@ class MultiWorkerIterator:
 
     # -- dispatch ----------------------------------------------------------------------
 
-    def _choose(self) -> int | None:
+    def _choose(self, depth: int) -> int | None:
+        """The worker for the next task (with fewer than ``depth`` in flight), or None."""
         n = self._num_workers
         if self._iterable:
             # Round robin over the workers with data left, as torch: batch k comes from
@@ -175,14 +176,14 @@ class MultiWorkerIterator:
             for _ in range(n):
                 wid = self._next_worker
                 if self._active[wid]:
-                    return wid if self._outstanding[wid] < self._depth else None
+                    return wid if self._outstanding[wid] < depth else None
                 self._next_worker = (wid + 1) % n
             return None
         ready: Sequence[int] = range(n)
         if self._pool.pending_start:  # tasks go to started workers: the others take a while
             ready = [w for w in ready if self._pool.is_started(w)] or ready
         wid = min(ready, key=self._outstanding.__getitem__)
-        return wid if self._outstanding[wid] < self._depth else None
+        return wid if self._outstanding[wid] < depth else None
 
     @property
     def _depth(self) -> int:
@@ -200,12 +201,13 @@ class MultiWorkerIterator:
     def _refill(self) -> None:
         """Fill every worker's prefetch window; one message per worker for all its tasks."""
         sends: dict[int, list[Any]] = {}
-        window = self._depth * self._num_workers
+        depth = self._depth
+        window = depth * self._num_workers
         in_flight = self._send_idx - self._popped
         if self._group > 1 and window - in_flight < self._group and in_flight:
             return  # tiny batches: send a group's worth of tasks at a time
         while not self._tasks_done and self._send_idx - self._popped < window:
-            wid = self._choose()
+            wid = self._choose(depth)
             if wid is None:
                 break
             try:

@@ -431,10 +431,10 @@ def _leaf(pid: Any, base: np.ndarray[Any, Any] | None) -> Any:
         return torch.empty(shape, dtype=getattr(torch, dtype))
     _, offset, nbytes, dtype, shape = pid
     assert base is not None
-    raw = base[offset : offset + nbytes]
     if kind == _NUMPY:
-        return raw.view(dtype).reshape(shape)
+        return np.ndarray(shape, dtype, base, offset)
     torch = _torch.require("a batch of tensors")
+    raw = base[offset : offset + nbytes]
     return torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape)
 
 
