@@ -214,11 +214,8 @@ def test_random_crop_fast_decode_stays_close_to_plain_path(tree: Path) -> None:
     assert max(d.max() for d in diffs) < 64 / 255
 
 
-def test_resize_path_is_exact_on_large_images(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resize_path_is_exact_on_large_images(tmp_path: Path) -> None:
     """Resize + CenterCrop decodes at full scale even when DCT scaling would apply: exact."""
-    monkeypatch.setattr(_fused, "_TORCH_RESAMPLE", False)  # Pillow's filter, as the plain path
     (tmp_path / "c").mkdir()
     Image.fromarray(_photo(480, 640, 7)).save(tmp_path / "c" / "big.jpg", quality=92)
     tf = T.Compose([T.Resize(64), T.CenterCrop(56), T.ToTensor()])
@@ -354,11 +351,8 @@ def test_short_decode_only_for_complete_sequential_files() -> None:
         _decode.decode_scaled(data[: len(data) // 2], "cut.jpg", (64, 48), 1, fast=True, rows=8)
 
 
-def test_resize_center_crop_on_whole_pixels_matches_plain_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_resize_center_crop_on_whole_pixels_matches_plain_path(tmp_path: Path) -> None:
     """Resize + CenterCrop whose box falls on whole source pixels still filters as Resize does."""
-    monkeypatch.setattr(_fused, "_TORCH_RESAMPLE", False)  # Pillow's filter, as the plain path
     (tmp_path / "c").mkdir()
     Image.fromarray(_photo(512, 512, 5)).save(tmp_path / "c" / "sq.jpg", quality=92)
     tf = T.Compose([T.Resize(64), T.CenterCrop(48), T.ToTensor()])  # box (64, 64, 384, 384)

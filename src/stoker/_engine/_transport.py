@@ -156,7 +156,7 @@ class Inbox:
         return msg
 
 
-SMALL_BATCH_BYTES = 256 << 10
+_SMALL_BATCH_BYTES = 256 << 10
 FAST_BATCH_S = 0.0005
 _MAX_GROUP = 16
 
@@ -170,9 +170,9 @@ def group_size(nbytes: float, seconds: float) -> int:
     >>> group_size(10_000, 0.00005), group_size(10_000, 0.01), group_size(1 << 20, 0.00005)
     (16, 1, 1)
     """
-    if nbytes >= SMALL_BATCH_BYTES or seconds >= FAST_BATCH_S:
+    if nbytes >= _SMALL_BATCH_BYTES or seconds >= FAST_BATCH_S:
         return 1
-    return int(min(_MAX_GROUP, SMALL_BATCH_BYTES // max(1.0, nbytes)))
+    return int(min(_MAX_GROUP, _SMALL_BATCH_BYTES // max(1.0, nbytes)))
 
 
 _HOLD_S = 0.001
