@@ -188,6 +188,44 @@ def test_main_process_killed_workers_exit_and_unlink(method: str, tmp_path: Path
     assert left == []
 
 
+_EXIT_SCRIPT = """
+import sys
+import numpy as np
+from stoker import DataLoader, TensorDataset
+
+if __name__ == "__main__":
+    persistent = sys.argv[2] == "persistent"
+    loaders = [DataLoader(TensorDataset(np.arange(400.0)), batch_size=10, num_workers=2,
+                          multiprocessing_context=sys.argv[1], persistent_workers=persistent)
+               for _ in range(4)]
+    for loader in loaders:  # fresh pools end (and are reaped) just before the exit
+        for _ in loader:
+            pass
+    print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("persistent", ["persistent", "fresh"])
+def test_interpreter_exit_is_quiet(method: str, persistent: str, tmp_path: Path) -> None:
+    """A script that ends with live or just-stopped workers exits 0 and writes no error.
+
+    multiprocessing joins its children at exit while stoker's reaper closes them: the exit
+    must wait for the reaper, or the join fails with "process object is closed".
+    """
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(_EXIT_SCRIPT))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    done = subprocess.run(
+        [sys.executable, str(script), method, persistent],
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"done\n", b"")
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("how", ["exception", "break_del", "gc"])
 def test_interrupted_loops_leave_nothing(method: str, how: str) -> None:

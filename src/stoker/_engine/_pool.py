@@ -23,8 +23,10 @@ killed), not for the process to end: a short-lived thread reaps the exits.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import queue
@@ -62,6 +64,19 @@ _EXIT_WAIT_S = 5.0
 # loader's worker, or the user's own fork) must not keep them open, or a worker would never
 # see end-of-file on its pipe when the main process dies.
 _PARENT_ENDS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+# Threads reaping workers that said goodbye. multiprocessing joins its live children at
+# interpreter exit; a reaper closing one of them meanwhile makes that join fail with
+# "process object is closed", so the exit waits for the reapers first (see _join_reapers).
+_REAPERS: set[threading.Thread] = set()
+
+
+@atexit.register  # after multiprocessing.util's registration: runs before its exit hook
+def _join_reapers() -> None:
+    """Wait for the reaper threads still running (each is bounded by its own timeouts)."""
+    for t in list(_REAPERS):
+        t.join(_EXIT_WAIT_S + _KILL_JOIN_TIMEOUT_S)
+
 
 # Per loader, the segments its last pool's workers used, still mapped (and so faulted in)
 # by the main process: the next pool's workers (fork) start with them, instead of paying
@@ -451,12 +466,19 @@ def _reap(workers: list[_ProcWorker]) -> None:
                 _shm.unlink_prefix(w.prefix)  # it could not unlink its own segments
             with contextlib.suppress(ValueError):
                 w.proc.close()  # frees the sentinel descriptor now, not at GC
+        _REAPERS.discard(threading.current_thread())
 
     if not workers:
         return
+    if not threading.main_thread().is_alive():  # interpreter exit: no thread may race
+        run()  # multiprocessing's own join of its children
+        return
+    reaper = threading.Thread(target=run, name="stoker-reaper", daemon=True)
+    _REAPERS.add(reaper)
     try:
-        threading.Thread(target=run, name="stoker-reaper", daemon=True).start()
+        reaper.start()
     except RuntimeError:  # the interpreter is shutting down: no new threads
+        _REAPERS.discard(reaper)
         run()
 
 
