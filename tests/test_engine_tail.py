@@ -16,6 +16,7 @@ import pytest
 
 from stoker import DataLoader
 from stoker._collate import collate
+from stoker._engine._buffers import BufferPool
 from stoker._engine._tail import SPLIT_MIN_S, concat, mergeable, plan
 from stoker.errors import WorkerError
 
@@ -28,8 +29,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 4 wo
 class Waits:
     """Samples that take ``WAIT_S`` each; the second field is the pid that loaded it."""
 
-    def __init__(self, n: int = 5 * BATCH, draw: bool = False, bad: int = -1) -> None:
-        self.n, self.draw, self.bad = n, draw, bad
+    def __init__(
+        self, n: int = 5 * BATCH, draw: bool = False, bad: int = -1, floats: int = 3
+    ) -> None:
+        self.n, self.draw, self.bad, self.floats = n, draw, bad, floats
 
     def __len__(self) -> int:
         return self.n
@@ -39,7 +42,7 @@ class Waits:
         if i == self.bad:
             raise ValueError(f"bad sample {i}")
         extra = np.random.randint(1000) if self.draw else 0
-        return {"x": np.full(3, i, np.float32), "extra": extra, "pid": os.getpid()}
+        return {"x": np.full(self.floats, i, np.float32), "extra": extra, "pid": os.getpid()}
 
 
 def _epoch(dataset: Any, workers: int, **kw: Any) -> list[Any]:
@@ -64,6 +67,41 @@ def test_tail_batches_are_split_and_equal_to_one_process() -> None:
         np.testing.assert_array_equal(a["x"], b["x"])
         np.testing.assert_array_equal(a["extra"], b["extra"])
     del loader
+
+
+def test_joins_reuse_the_loaders_memory() -> None:
+    """A joined batch of large leaves is written into memory the loader keeps: once the
+    loop dropped it, the next epoch's joins use the same buffers (no fresh page faults)."""
+    loader = DataLoader(Waits(floats=1 << 17), batch_size=BATCH, num_workers=4)
+    list(loader)  # measures the batches: the next epochs split their tail
+
+    first = _joined_addresses(loader)  # the batches die here: their buffers return
+    assert first and _joined_addresses(loader) <= first
+    del loader
+
+
+def _joined_addresses(loader: DataLoader[Any]) -> set[int]:
+    """Where the epoch's joined batches (loaded by several workers) keep their samples."""
+    batches = list(loader)
+    assert max(_pids(batches)) >= 2
+    return {b["x"].ctypes.data for b in batches if len(set(b["pid"].tolist())) > 1}
+
+
+def test_warming_the_pool_keeps_what_is_written_after() -> None:
+    """``BufferPool.warm`` rewrites free buffers in a thread; a buffer taken meanwhile is
+    handed out only once that thread is done with it, so what the caller writes stays."""
+    pool = BufferPool(keep=2)
+    a = pool.alloc((1 << 20,), np.dtype(np.float32))
+    b = pool.alloc((1 << 20,), np.dtype(np.float32))
+    del a, b  # both return to the pool
+    pool.warm()
+    c = pool.alloc((1 << 20,), np.dtype(np.float32))
+    c[:] = 7
+    pool.warm()  # nothing free besides what c holds: no thread needed
+    d = pool.alloc((1 << 20,), np.dtype(np.float32))
+    d[:] = 9
+    assert (c == 7).all() and (d == 9).all()
+    assert c.ctypes.data != d.ctypes.data
 
 
 def test_no_split_when_the_dataset_draws_from_the_global_rng() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from stoker import _torch
+from stoker._batch import Alloc
 
 SPLIT_MIN_S = 0.02
 """Batches that take less than this to load are never split (a part costs a message)."""
@@ -110,22 +111,43 @@ def mergeable(batch: Any) -> bool:
     return False
 
 
-def concat(parts: Sequence[Any]) -> Any:
+def concat(parts: Sequence[Any], alloc: Alloc | None = None) -> Any:
     """The batch that default collate makes of all samples of ``parts``, in order, from the
-    batches it made of each part (leaves joined along the first axis)."""
+    batches it made of each part (leaves joined along the first axis).
+
+    Args:
+        parts: the parts' batches.
+        alloc: where the joined NumPy leaves (and tensors of NumPy dtypes) are written;
+            fresh memory when None.
+    """
     first = parts[0]
     if isinstance(first, np.ndarray):
-        return np.concatenate(parts)
+        if alloc is None:
+            return np.concatenate(parts)
+        shape = (sum(len(p) for p in parts), *first.shape[1:])
+        return np.concatenate(parts, out=alloc(shape, np.result_type(*parts)))
     if _torch.is_tensor(first):
         torch = _torch.loaded()
         assert torch is not None  # a tensor exists
-        return torch.cat(list(parts))
+        dtype = _numpy_dtype(torch, first.dtype)
+        if alloc is None or dtype is None or first.device.type != "cpu":
+            return torch.cat(list(parts))
+        out = torch.from_numpy(alloc((sum(len(p) for p in parts), *first.shape[1:]), dtype))
+        return torch.cat(list(parts), out=out)
     if type(first) is dict:
-        return {k: concat([p[k] for p in parts]) for k in first}
+        return {k: concat([p[k] for p in parts], alloc) for k in first}
     if all(isinstance(x, (str, bytes)) for x in first):  # a column of strings
         return type(first)(itertools.chain.from_iterable(parts))
-    columns = [concat(col) for col in zip(*parts, strict=True)]
+    columns = [concat(col, alloc) for col in zip(*parts, strict=True)]
     return type(first)(*columns) if _is_namedtuple(first) else columns
+
+
+def _numpy_dtype(torch: Any, dtype: Any) -> np.dtype[Any] | None:
+    """The NumPy dtype of a torch dtype, or None when NumPy has none (bfloat16, ...)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype  # type: ignore[no-any-return]
+    except (TypeError, RuntimeError):
+        return None
 
 
 def _is_namedtuple(x: Any) -> bool:
