@@ -17,7 +17,7 @@ import pytest
 
 from stoker import DataLoader, IterableDataset, TensorDataset, get_worker_info
 from stoker._engine import _multi
-from stoker._engine._shm import Arena, SegmentMaps
+from stoker._engine._shm import Arena, SegmentMaps, unlink_prefix
 from stoker._engine._transport import decode, encode
 
 MODES = [
@@ -278,6 +278,36 @@ def test_encode_decode_round_trip_and_slot_return() -> None:
     finally:
         arena.close()
         maps.clear()
+
+
+def test_slots_made_ahead_are_handed_to_the_main_process() -> None:
+    """A slot a worker made ahead and never filled is not unlinked when the worker stops:
+    it is handed over, and the main process maps and unlinks it to keep it for the next
+    workers. Slots the main process saw are never handed over twice."""
+    prefix = f"stoker_{os.getpid()}_unit_1_"
+    arena = Arena(prefix, keep_free=4, steady=4)
+    maps = SegmentMaps()
+    try:
+        arena.begin()
+        slot, _ = encode([np.zeros(1 << 19)], arena)  # 4 MiB: slots made ahead
+        assert slot is not None
+        arena.release([slot[0]])
+        arena.begin(ahead=True)  # takes the free slot, and makes the next one ahead
+        assert arena._spare is not None
+        arena._spare.result()
+        arena.abort()
+        handed = arena.hand_off()
+        assert len(handed) == 1
+        assert handed[0][0] != slot[1]  # the slot the main process saw stays out
+        arena.close()
+        assert os.path.exists(f"/dev/shm/{handed[0][0]}")  # left for the main process
+        maps.keep(*handed[0])
+        assert not any(n.startswith(prefix) for n in os.listdir("/dev/shm"))
+        assert maps.mapped_bytes() == handed[0][1]
+    finally:
+        arena.close()
+        maps.clear()
+        unlink_prefix(prefix)
 
 
 def test_worker_count_warning_counts_available_cpus(monkeypatch: pytest.MonkeyPatch) -> None:

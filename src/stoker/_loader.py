@@ -254,6 +254,8 @@ class DataLoader(Generic[T_co]):
         self._first_batch_s = 0.0  # the last epoch's wait for its first batch (lazy start)
         self._task_group = 0  # tiny batches in flight per prefetch slot, once measured
         self._rng_untouched: bool | None = None  # whether slow batches leave the RNGs alone
+        self._mergeable: bool | None = None  # whether split batches can be joined
+        self._batch_profile = (0.0, 0.0)  # the last epoch's mean load seconds and bytes
         if isinstance(num_workers, (int, np.integer)) and num_workers > 0:
             from stoker._engine._multi import workers_warning
 

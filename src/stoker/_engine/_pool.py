@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker import _torch
 from stoker._engine import _shm
-from stoker._engine._buffers import BufferPool
+from stoker._engine._buffers import for_loader
 from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, decode, dumps, pack_tasks
 from stoker._engine._worker import BYE, RngGuard, WorkerArgs, process_worker, thread_worker
@@ -84,10 +84,6 @@ def _join_reapers() -> None:
 _WARM: weakref.WeakKeyDictionary[Any, list[tuple[str, Any]]] = weakref.WeakKeyDictionary()
 
 
-# Per loader, the memory its thread workers collate large leaves into, reused every epoch.
-_BUFFERS: weakref.WeakKeyDictionary[Any, BufferPool] = weakref.WeakKeyDictionary()
-
-
 def _close_parent_ends_in_child() -> None:
     for conn in list(_PARENT_ENDS):
         with contextlib.suppress(OSError):
@@ -116,6 +112,11 @@ class _ProcWorker:
         self.loader_ref: Any = None  # set at shutdown, for ``late``
         self.unsent: list[Any] | None = []  # tasks queued before the process started
         self.inbox = Inbox(conn.fileno())  # results read from its pipe, not yet handled
+
+    def keep_left(self, bye: tuple[Any, ...]) -> None:
+        """Map (and so unlink) the slots a leaving worker handed over with its goodbye."""
+        for name, size in bye[3]:
+            self.maps.keep(name, size)
 
     def on_free(self, sid: int) -> None:
         """The last view of slot ``sid``'s batch died (a finalizer, any thread)."""
@@ -204,6 +205,7 @@ class ProcessPool:
                 window=n * prefetch,
                 import_torch=import_torch,
                 warm=warm[wid::n],
+                hand_off=method == "fork",
             )
             parent, child = ctx.Pipe(duplex=True)
             _PARENT_ENDS.add(parent)
@@ -443,7 +445,8 @@ def _said_bye(w: _ProcWorker, deadline: float) -> bool:
                 msg = w.inbox.recv()
         except (EOFError, OSError):  # it closed its end: it has exited, or is exiting
             return True
-        if msg == BYE:
+        if msg[0] == BYE[0]:
+            w.keep_left(msg)
             return True
 
 
@@ -494,8 +497,7 @@ class ThreadPool:
         n = loader._pool_workers()  # with autotune, the most workers it may use
         shared = None if loader._iterable else loader._make_fetcher()
         guard = RngGuard()
-        buffers = _BUFFERS.setdefault(loader, BufferPool(keep=0))
-        buffers.keep = max(buffers.keep, n * prefetch + 2)  # in flight, held, returning
+        buffers = for_loader(loader, n * prefetch + 2)  # in flight, held, returning
         self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
         board = HelpBoard(self._inboxes)
         for wid in range(n):

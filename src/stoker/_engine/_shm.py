@@ -131,6 +131,7 @@ class Slot:
     addr: int
     used: int = 0
     cold: bool = False  # inherited through fork: its pages are not mapped here yet
+    sent: bool = False  # the main process has seen it (a batch in it, or adopted)
 
 
 @dataclass
@@ -224,7 +225,22 @@ class Arena:
         if slot is None:
             return None
         self.hint = max(self.hint, _round_up(slot.used, _PAGE))
+        slot.sent = True
         return slot.id, slot.name, slot.size
+
+    def hand_off(self) -> list[tuple[str, int]]:
+        """The free slots the main process never saw (made ahead, not yet used), as
+        ``(name, size)``: :meth:`close` leaves their names for the main process to keep
+        for the loader's next workers, as it keeps the slots it saw."""
+        spare = self._spare
+        if spare is not None and spare.made():
+            self._spare = None
+            slot = self.slots[spare.sid] = spare.result()
+            self.free.append(slot.id)
+        out = [(s.name, s.size) for s in map(self.slots.__getitem__, self.free) if not s.sent]
+        for name, _ in out:
+            self.names.discard(name)
+        return out
 
     def abort(self) -> None:
         """Give the current slot back after a failed batch."""
@@ -245,7 +261,7 @@ class Arena:
         for name, mm in segments:
             self._seq += 1
             buf = np.frombuffer(mm, np.uint8)
-            slot = Slot(self._seq, name, len(mm), mm, buf, buf.ctypes.data, cold=True)
+            slot = Slot(self._seq, name, len(mm), mm, buf, buf.ctypes.data, cold=True, sent=True)
             self.slots[self._seq] = slot
             self.free.append(self._seq)
         if segments and not self.hint:
@@ -389,6 +405,10 @@ class _SpareSlot:
             )
         return self._slot
 
+    def made(self) -> bool:
+        """Whether the slot is ready (the helper is done and did not fail)."""
+        return not self._thread.is_alive() and self._slot is not None
+
     def cancel(self) -> None:
         """Unlink the segment, made or not, without waiting for the helper.
 
@@ -433,6 +453,18 @@ class SegmentMaps:
     def adopt(self, name: str, mm: mmap.mmap) -> None:
         """Know a segment mapped before (by an earlier pool of the same loader)."""
         self._maps[name] = mm
+
+    def keep(self, name: str, size: int) -> None:
+        """Map segment ``name`` (its pages are mapped when first used) and unlink it."""
+        with contextlib.suppress(OSError):
+            if _posixshmem is None:  # pragma: no cover
+                return
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0o600)
+            try:
+                self._maps[name] = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+                _unlink(name)
 
     def take_unused(self, in_use: set[str]) -> list[tuple[str, mmap.mmap]]:
         """Forget every segment; return those not in ``in_use`` (no live batch views)."""

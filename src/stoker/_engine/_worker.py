@@ -14,7 +14,9 @@ the samples left out with ``skip_errors``, see :meth:`~stoker._fetch.MapFetcher.
 untouched: for a slow batch, whether the global RNGs were left alone, else None),
 ``("end", generation, index)`` (an iterable dataset is exhausted) or
 ``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
-``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` last of all.
+``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` + ``(kept,)`` last of
+all (kept: ``(name, size)`` of slots the main process never saw, left for it to keep, see
+``WorkerArgs.hand_off``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import numpy.random  # loaded once here, not in each new worker (~8 ms each)
 from stoker import _torch
 from stoker._engine._buffers import BufferPool
 from stoker._engine._pin import pin
-from stoker._engine._shm import Arena
+from stoker._engine._shm import Arena, unlink_prefix
 from stoker._engine._split import HelpBoard
 from stoker._engine._tail import SPLIT_MIN_S
 from stoker._engine._transport import (
@@ -145,6 +147,8 @@ class WorkerArgs:
         buffers: the loader's reusable memory for large leaves (threads only).
         warm: (name, mmap) of segments an earlier worker of the loader used, inherited
             through fork; the arena starts with them as free slots.
+        hand_off: when told to stop, leave the slots the main process never saw (made
+            ahead and not used yet) for it to keep too, not unlinked (fork).
     """
 
     worker_id: int
@@ -157,6 +161,7 @@ class WorkerArgs:
     steady: int = 4
     window: int = 1
     import_torch: bool = False
+    hand_off: bool = False
     pin_device: str | None = None
     rng_guard: RngGuard | None = None
     board: HelpBoard | None = None
@@ -246,6 +251,7 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
     arena = Arena(args.prefix, args.keep_free, args.window, args.steady)
     arena.adopt(args.warm)
     args.warm = []
+    kept: list[tuple[str, int]] = []
     try:
         _watch_parent()
         try:
@@ -259,6 +265,8 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
             _serve(args, conn, outbox, arena)
         finally:
             outbox.close()
+        if args.hand_off:  # told to stop: the main process keeps the slots it never saw
+            kept = arena.hand_off()
     except (_ParentDied, EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone: clean up below and exit quietly
     finally:
@@ -268,8 +276,10 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         arena.close()
         # This worker writes no slot from here on: the main process may hand them on and
         # stop waiting (it reaps the exit, ~5 ms of address-space teardown, in the back).
-        with contextlib.suppress(OSError, ValueError):
-            conn.send(BYE)
+        try:
+            conn.send((*BYE, kept))
+        except (OSError, ValueError):  # nobody to take them: unlink them too
+            unlink_prefix(args.prefix)
 
 
 def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
