@@ -455,16 +455,11 @@ class SegmentMaps:
         self._maps[name] = mm
 
     def keep(self, name: str, size: int) -> None:
-        """Map segment ``name`` (its pages are mapped when first used) and unlink it."""
+        """Map segment ``name`` as :meth:`view` does, and unlink it, even if it cannot be
+        mapped."""
         with contextlib.suppress(OSError):
-            if _posixshmem is None:  # pragma: no cover
-                return
-            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0o600)
-            try:
-                self._maps[name] = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
-                _unlink(name)
+            self.view(name, size)
+        _unlink(name)
 
     def take_unused(self, in_use: set[str]) -> list[tuple[str, mmap.mmap]]:
         """Forget every segment; return those not in ``in_use`` (no live batch views)."""
