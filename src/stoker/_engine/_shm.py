@@ -19,7 +19,8 @@ Who calls what:
   batch uses stay mapped in the main process (``SegmentMaps.take_unused``), their memory
   allocated; the loader's next workers inherit the mappings and start with them as free
   slots (``Arena.adopt``), mapping a slot's pages in one call when they first use it, so
-  fresh workers do not pay for fresh shared memory.
+  fresh workers do not pay for fresh shared memory. A stopping worker hands over the slots
+  it made ahead and never filled (``Arena.hand_off``): the main process keeps those too.
 """
 
 from __future__ import annotations

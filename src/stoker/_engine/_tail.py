@@ -6,7 +6,10 @@ idle: 10 slow batches on 4 workers take 3 rounds where 2.5 would do. When batche
 part seeded like its batch loads the same samples) and the loader uses the default
 collate, the iterator asks :func:`plan` how to cut a task among the workers that would
 otherwise finish early, sends the parts as tasks of their own, and joins the collated parts
-with :func:`concat`: the batch that one worker would have made, for one more copy of it.
+with :func:`concat`: the batch that one worker would have made, for one more copy of it,
+into memory the loader keeps (rewritten while the parts load, so the copy meets no page
+faults). A loader remembers its batches' load time and size, so a fresh iterator may split
+its tail from the start.
 """
 
 from __future__ import annotations
