@@ -14,7 +14,7 @@ The rule, per window of batches (one batch per worker, and at least ``_MIN_WINDO
    (``n / (1 - waited)``, at most 4x: a consumer waiting half the time needs twice the
    workers), within the pool's capacity, the CPUs (this loader's process tree, measured,
    must leave room for each added worker's average use) and memory (see
-   :data:`MEMORY_BUDGET_BYTES` and ``/dev/shm``'s free space).
+   :func:`memory_budget` and ``/dev/shm``'s free space).
 4. Else, with ``prefetch_factor="auto"``, deepen the window by one (up to ``_MAX_PREFETCH``).
 
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 _logger = logging.getLogger(__name__)
 
 MEMORY_BUDGET_BYTES = 2 << 30
-"""Most memory the autotuner lets batches in flight take: (workers x (prefetch + 1)) x
-the batch size seen. It adds no worker beyond it, nor beyond half of /dev/shm's free space
-(process workers). Fixed counts are not limited by it."""
+"""The memory the autotuner always lets batches in flight take (see :func:`memory_budget`)."""
+MEMORY_BUDGET_SHARE = 0.25
+"""The share of the memory available to this process that batches in flight may take."""
 
 KEEP = 0
 """Decision: change nothing."""
@@ -105,6 +105,7 @@ class Autotuner:
         self._mark: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)
         self._idle_mark = _idle_ticks()
         self._batch_bytes = 0
+        self._budget = memory_budget()
 
     @classmethod
     def for_loader(cls, loader: DataLoader[Any]) -> Autotuner:
@@ -240,14 +241,14 @@ class Autotuner:
         while more > 0 and not self._memory_allows(more):
             more -= 1
         if more <= 0:
-            return 0, "memory is short (see stoker._autotune.MEMORY_BUDGET_BYTES)"
+            return 0, "memory is short (see stoker._autotune.memory_budget)"
         return more, ""
 
     def _memory_allows(self, more_workers: int) -> bool:
         need = (self.workers + more_workers) * (self.prefetch + 1) * self._batch_bytes
         if more_workers == 0:
             need = self.workers * (self.prefetch + 2) * self._batch_bytes
-        if need > MEMORY_BUDGET_BYTES:
+        if need > self._budget:
             return False
         if self.shared_memory:
             free = shm_free_bytes()
@@ -257,6 +258,48 @@ class Autotuner:
 
     def _in_use(self) -> int:
         return self.workers * (self.prefetch + 1) * self._batch_bytes
+
+
+def memory_budget() -> int:
+    """Most memory the autotuner lets batches in flight take: (workers x (prefetch + 1)) x
+    the batch size seen.
+
+    :data:`MEMORY_BUDGET_SHARE` of the memory available now (the kernel's ``MemAvailable``,
+    capped by this cgroup's room below its ``memory.max``), and at least
+    :data:`MEMORY_BUDGET_BYTES`. The autotuner adds no worker beyond it, nor beyond half of
+    /dev/shm's free space (process workers). Fixed counts are not limited by it.
+    """
+    available = _meminfo_available()
+    room = _cgroup_room()
+    if room is not None:
+        available = room if available is None else min(available, room)
+    if available is None:
+        return MEMORY_BUDGET_BYTES
+    return max(MEMORY_BUDGET_BYTES, int(available * MEMORY_BUDGET_SHARE))
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """Bytes this cgroup (v2) may still take, or None without a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current") as f:
+            return max(0, int(limit) - int(f.read()))
+    except (OSError, ValueError):
+        return None
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
