@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 import warnings
 from collections import namedtuple
 from typing import Any
@@ -224,6 +225,29 @@ def test_slots_are_reused_not_grown() -> None:
     arena_segments = loader._iterator._pool.workers[0].maps._maps
     assert 1 <= len(arena_segments) <= loader._iterator._depth + 4  # + held, in transit
     del loader, arena_segments
+
+
+class _SlowStart:
+    """Tiny samples; each process's first fetch takes 20 ms (a worker's warm-up)."""
+
+    started = False
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int) -> Any:
+        if not _SlowStart.started:
+            _SlowStart.started = True
+            time.sleep(0.02)
+        return np.full(2, i, np.float32)
+
+
+def test_tiny_batches_are_grouped_despite_slow_first_batches() -> None:
+    """Batches that load in microseconds travel in groups, even when each worker's first
+    batch is slow: the group is sized from the median load time, not the mean."""
+    loader = DataLoader(_SlowStart(), batch_size=4, num_workers=2)
+    assert len(list(loader)) == 100
+    assert loader._task_group > 1
 
 
 class _SlowFirst:

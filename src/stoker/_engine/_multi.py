@@ -103,6 +103,7 @@ class MultiWorkerIterator:
             and not loader.skip_errors
         )
         self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches
+        self._first_loads: list[float] = []  # of the first ones, to size the group
         self._persistent = bool(loader.persistent_workers)
         self._timeout = float(loader.timeout)
         pin_device = loader._resolved_pin_device()
@@ -197,10 +198,12 @@ class MultiWorkerIterator:
         return self._prefetch * max(1, self._group) if self._yielded else self._prefetch
 
     def _size_group(self) -> None:
-        """Fix :attr:`_group` from the first batches' mean bytes and load time."""
+        """Fix :attr:`_group` from the first batches' mean bytes and median load time (a
+        worker's first batch pays for its start-up: a mean would count that)."""
         stats = self._stats
-        n = max(1, stats.batches)
-        self._group = 1 if self._iterable else group_size(stats.bytes / n, sum(stats.busy) / n)
+        loads = sorted(self._first_loads) or [0.0]
+        seconds = loads[len(loads) // 2]
+        self._group = 1 if self._iterable else group_size(stats.bytes / stats.batches, seconds)
         self._loader._task_group = self._group
 
     def _refill(self) -> None:
@@ -423,6 +426,8 @@ class MultiWorkerIterator:
             if idx not in self._share:
                 self._busy_sum += msg[6]
                 self._busy_n += 1
+                if len(self._first_loads) < _GROUP_AFTER:
+                    self._first_loads.append(msg[6])
                 if self._loader._mergeable is None:
                     self._loader._mergeable = mergeable(batch)
             if msg[8] is not None:  # a slow batch: did it draw from the global RNGs?
