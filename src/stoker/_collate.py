@@ -439,7 +439,7 @@ def _torch_takes(torch: Any, dtype: np.dtype[Any]) -> bool:
     return _TORCH_FROM_NP[dtype]
 
 
-def _numpy_dtype(torch: Any, dtype: Any) -> np.dtype[Any] | None:
+def numpy_dtype(torch: Any, dtype: Any) -> np.dtype[Any] | None:
     """The NumPy dtype of a torch dtype, or None when NumPy has none (bfloat16, ...)."""
     if dtype not in _NP_FROM_TORCH:
         try:
@@ -498,7 +498,7 @@ def _tensor_out(batch: Sequence[Any], torch: Any, alloc: Alloc) -> Any:
                 dtype = torch.promote_types(dtype, t.dtype)
     except AttributeError:  # not a tensor: torch.stack will say so
         return None
-    np_dtype = _numpy_dtype(torch, dtype)
+    np_dtype = numpy_dtype(torch, dtype)
     if np_dtype is None:
         return None
     return torch.from_numpy(alloc((len(batch), *elem.shape), np_dtype))
@@ -553,7 +553,7 @@ def _numbers_torch(
         raise _numbers_error(batch, field, type(exc), exc) from exc
     if alloc is None:
         return t
-    np_dtype = _numpy_dtype(torch, t.dtype)
+    np_dtype = numpy_dtype(torch, t.dtype)
     if np_dtype is None:
         return t
     out = torch.from_numpy(alloc(tuple(t.shape), np_dtype))

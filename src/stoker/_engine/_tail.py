@@ -22,6 +22,7 @@ import numpy as np
 
 from stoker import _torch
 from stoker._batch import Alloc
+from stoker._collate import numpy_dtype
 
 SPLIT_MIN_S = 0.02
 """Batches that take less than this to load are never split (a part costs a message)."""
@@ -132,7 +133,7 @@ def concat(parts: Sequence[Any], alloc: Alloc | None = None) -> Any:
     if _torch.is_tensor(first):
         torch = _torch.loaded()
         assert torch is not None  # a tensor exists
-        dtype = _numpy_dtype(torch, first.dtype)
+        dtype = numpy_dtype(torch, first.dtype)
         if alloc is None or dtype is None or first.device.type != "cpu":
             return torch.cat(list(parts))
         out = torch.from_numpy(alloc((sum(len(p) for p in parts), *first.shape[1:]), dtype))
@@ -143,14 +144,6 @@ def concat(parts: Sequence[Any], alloc: Alloc | None = None) -> Any:
         return type(first)(itertools.chain.from_iterable(parts))
     columns = [concat(col, alloc) for col in zip(*parts, strict=True)]
     return type(first)(*columns) if _is_namedtuple(first) else columns
-
-
-def _numpy_dtype(torch: Any, dtype: Any) -> np.dtype[Any] | None:
-    """The NumPy dtype of a torch dtype, or None when NumPy has none (bfloat16, ...)."""
-    try:
-        return torch.empty(0, dtype=dtype).numpy().dtype  # type: ignore[no-any-return]
-    except (TypeError, RuntimeError):
-        return None
 
 
 def _is_namedtuple(x: Any) -> bool:

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from stoker import _torch
+from stoker._collate import numpy_dtype
 from stoker._engine._shm import ALIGN, Arena, SegmentMaps, _round_up
 
 _NUMPY = "n"
@@ -434,30 +435,12 @@ def _leaf(pid: Any, base: np.ndarray[Any, Any] | None) -> Any:
     if kind == _NUMPY:
         return np.ndarray(shape, dtype, base, offset)
     torch = _torch.require("a batch of tensors")
-    same = _numpy_twin(dtype)
+    tdtype = getattr(torch, dtype)
+    same = numpy_dtype(torch, tdtype)
     if same is not None:  # one NumPy view, one tensor: a third of the general way's cost
         return torch.from_numpy(np.ndarray(shape, same, base, offset))
     raw = base[offset : offset + nbytes]
-    return torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape)
-
-
-_TWINS: dict[str, np.dtype[Any] | None] = {}
-
-
-def _numpy_twin(name: str) -> np.dtype[Any] | None:
-    """The NumPy dtype that torch's dtype ``name`` (e.g. "float32") maps to, or None
-    (bfloat16, float8 types, ...).
-
-    >>> _numpy_twin("float32"), _numpy_twin("bfloat16")
-    (dtype('float32'), None)
-    """
-    if name not in _TWINS:
-        try:
-            twin: np.dtype[Any] | None = np.dtype(name)
-        except TypeError:
-            twin = None
-        _TWINS[name] = twin if twin is not None and twin.name == name else None
-    return _TWINS[name]
+    return torch.from_numpy(raw).view(tdtype).view(shape)
 
 
 def decode(
