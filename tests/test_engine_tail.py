@@ -97,7 +97,7 @@ def test_warming_the_pool_keeps_what_is_written_after() -> None:
     pool.warm()
     c = pool.alloc((1 << 20,), np.dtype(np.float32))
     c[:] = 7
-    pool.warm()  # nothing free besides what c holds: no thread needed
+    pool.warm()  # rewrites the one free buffer, never the one c holds
     d = pool.alloc((1 << 20,), np.dtype(np.float32))
     d[:] = 9
     assert (c == 7).all() and (d == 9).all()

@@ -267,11 +267,7 @@ class MultiWorkerIterator:
             remaining = len(loader) - k
         except TypeError:  # a batch sampler without a length: the tail is unknown
             return None
-        # This epoch's batches, or (before the first is in) the last epoch's.
-        mean, nbytes = loader._batch_profile
-        if self._busy_n:
-            mean = self._busy_sum / self._busy_n
-            nbytes = self._stats.bytes / max(1, self._stats.batches)
+        mean, nbytes = self._profile()
         if remaining >= self._num_workers or len(task) < 2 or not worth_splitting(mean, nbytes):
             return None
         now = time.perf_counter()
@@ -283,6 +279,13 @@ class MultiWorkerIterator:
         for w, idx in running.items():
             loads[w] -= min(self._share.get(idx, 1.0), (now - self._since[w]) / mean)
         return plan(len(task), loads, remaining)
+
+    def _profile(self) -> tuple[float, float]:
+        """Mean load seconds and bytes of this epoch's whole batches, or (before the first
+        is in) of the last epoch's."""
+        if not self._busy_n:
+            return self._loader._batch_profile
+        return self._busy_sum / self._busy_n, self._stats.bytes / max(1, self._stats.batches)
 
     # -- results -----------------------------------------------------------------------
 
@@ -315,9 +318,7 @@ class MultiWorkerIterator:
             if not any(self._outstanding) and (self._tasks_done or not any(self._active)):
                 self._stats.ended(entered)
                 self._epoch_state.finish()
-                if self._busy_n:  # the next epoch may split its tail from the start
-                    nbytes = self._stats.bytes / max(1, self._stats.batches)
-                    self._loader._batch_profile = (self._busy_sum / self._busy_n, nbytes)
+                self._loader._batch_profile = self._profile()  # the next epoch's tail plan
                 self._end()
                 raise StopIteration
             self._handle(*self._wait())
