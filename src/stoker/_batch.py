@@ -24,7 +24,8 @@ class ColumnBatch(Sequence[Any]):
     """The samples ``indices`` of column sources (NumPy arrays or torch tensors).
 
     Sample ``i`` is ``tuple(src[indices[i]] for src in sources)``, or a dict when ``keys`` is
-    given. Nothing is gathered until a sample or :meth:`gather` is asked for.
+    given. Nothing is gathered until a sample or :meth:`gather` is asked for. ``indices``
+    must be in range for every source (whoever makes the batch checks them).
 
     >>> import numpy as np
     >>> b = ColumnBatch((np.arange(10) * 2, np.arange(10)), np.array([3, 1]))
@@ -87,12 +88,14 @@ class ColumnBatch(Sequence[Any]):
             if _torch.is_tensor(src):
                 out.append(_gather_tensor(src, self.indices, alloc))
             else:
+                # take, not arr[indices]: NumPy's fancy indexing of rows is ~4x slower
                 arr = np.asarray(src)
                 if alloc is None:
-                    out.append(arr[self.indices])
+                    out.append(arr.take(self.indices, axis=0))
                 else:
                     buf = alloc((len(self.indices), *arr.shape[1:]), arr.dtype)
-                    np.take(arr, self.indices, axis=0, out=buf)
+                    # "wrap", not "raise": with out=, "raise" goes through a temporary copy
+                    arr.take(self.indices, axis=0, out=buf, mode="wrap")
                     out.append(buf)
         return out
 

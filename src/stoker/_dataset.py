@@ -577,7 +577,7 @@ def _checked_indices(indices: Sequence[int] | IndexArray, n: int) -> IndexArray:
     [0, 4]
     """
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-    if idx.size:
+    if idx.size and int(idx.view(np.uint64).max()) >= n:  # negatives or out of range
         low, high = int(idx.min()), int(idx.max())
         if low < -n or high >= n:
             bad = low if low < -n else high
