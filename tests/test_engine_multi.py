@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
+import traceback
 import warnings
 from collections import namedtuple
 from typing import Any
@@ -248,6 +250,130 @@ def test_tiny_batches_are_grouped_despite_slow_first_batches() -> None:
     loader = DataLoader(_SlowStart(), batch_size=4, num_workers=2)
     assert len(list(loader)) == 100
     assert loader._task_group > 1
+
+
+class _TinyNoisy:
+    """Tiny samples that draw from NumPy's global RNG; sample ``bad`` raises, and with
+    ``skip`` so do every seventh sample's neighbours."""
+
+    def __init__(self, n: int = 400, bad: int = -1) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad:
+            raise KeyError(f"sample {i} is bad")
+        return np.float64(i), np.random.random()
+
+
+def _grouped(kw: dict[str, Any], **more: Any) -> DataLoader[Any]:
+    return DataLoader(_TinyNoisy(**more), batch_size=4, shuffle=True, generator=3, **kw)
+
+
+@pytest.mark.parametrize("kw", [MODES[1], SPAWN])
+def test_groups_of_tiny_batches_match_in_process_loading(kw: dict[str, Any]) -> None:
+    """Tiny batches travel in groups (one task, one slot, one message each), and every
+    batch is still seeded on its own: the same batches as in process, epoch after epoch."""
+    loader = _grouped({"num_workers": 2, "persistent_workers": True, **kw})
+    alone = _grouped({})
+    for _ in range(2):
+        got, want = list(loader), list(alone)
+        assert loader._task_group > 1
+        assert len(got) == len(want) == 100
+        for (gx, gr), (wx, wr) in zip(got, want, strict=True):
+            assert np.array_equal(gx, wx) and np.array_equal(gr, wr)
+
+
+def test_abandoned_groups_give_their_slots_back() -> None:
+    """Groups still in flight when an epoch is abandoned are mapped and dropped: their
+    slots return to the workers, so abandoning epochs leaves no segment behind."""
+    loader = _grouped({"num_workers": 2, "persistent_workers": True})
+    list(loader)
+    for _ in range(10):
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+    assert len(list(loader)) == 100
+    # every slot the main process saw was unlinked when it mapped it
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(f"stoker_{os.getpid()}_")] == []
+
+
+def _each(loader: DataLoader[Any]) -> list[Any]:
+    """Every batch of an epoch, or the error in its place (iteration goes on after it)."""
+    out: list[Any] = []
+    it = iter(loader)
+    while True:
+        try:
+            out.append(next(it)[0].tolist())
+        except StopIteration:
+            return out
+        except KeyError as exc:
+            out.append("".join(traceback.format_exception_only(exc)))
+
+
+@pytest.mark.parametrize("kw", [MODES[1], SPAWN])
+def test_a_failing_batch_in_a_group_raises_at_its_turn(kw: dict[str, Any]) -> None:
+    """A batch that raises inside a group raises when its turn comes, naming the worker
+    and indices; the batches around it, in its group too, arrive in order."""
+    loader = _grouped({"num_workers": 2, "persistent_workers": True, **kw}, bad=333)
+    list(_grouped({"num_workers": 2, **kw}))  # nothing raises without the bad sample
+    loader._task_group = 8  # as an earlier epoch measured it
+    got = _each(loader)
+    want = _each(_grouped({}, bad=333))
+    assert [b for b in got if not isinstance(b, str)] == [b for b in want if not isinstance(b, str)]
+    assert [isinstance(b, str) for b in got] == [isinstance(b, str) for b in want]
+    failed = [b for b in got if isinstance(b, str)]
+    assert len(failed) == 1 and "sample 333 is bad" in failed[0]
+    assert "Raised in DataLoader worker" in failed[0] and "333" in failed[0]
+
+
+@pytest.mark.parametrize("kw", [MODES[1], SPAWN])
+def test_skipped_samples_in_groups_match_in_process(kw: dict[str, Any]) -> None:
+    """skip_errors leaves out the same samples inside groups as in process, and counts
+    them (the cap holds)."""
+    loader = _grouped({"num_workers": 2, "skip_errors": 1, **kw}, bad=201)
+    loader._task_group = 8
+    got = [b[0].tolist() for b in loader]
+    want = [b[0].tolist() for b in _grouped({"skip_errors": 1}, bad=201)]
+    assert got == want and sum(map(len, got)) == 399
+    assert loader.statistics().skipped_samples == 1
+
+
+def _lock_collate(samples: list[Any]) -> Any:
+    return np.array([s[0] for s in samples]), threading.Lock()
+
+
+@pytest.mark.parametrize("group", [0, 4])
+def test_a_batch_that_cannot_cross_raises_each_time(group: int) -> None:
+    """A batch that cannot be pickled raises its TypeError at its turn, alone or in a
+    group, and the next batches are tried in turn (each fails the same way here)."""
+    loader = DataLoader(_TinyNoisy(12), batch_size=4, num_workers=1, collate_fn=_lock_collate)
+    loader._task_group = group
+    it = iter(loader)
+    for _ in range(3):
+        with pytest.raises(TypeError, match="pickle") as info:
+            next(it)
+        assert "Raised in DataLoader worker 0" in "".join(info.value.__notes__)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+@pytest.mark.parametrize("cut", [13, 50])
+def test_resume_inside_a_group(cut: int) -> None:
+    """A checkpoint taken between two batches of one group resumes exactly."""
+    loader = _grouped({"num_workers": 2})
+    loader._task_group = 8
+    it = iter(loader)
+    head = [next(it)[0].tolist() for _ in range(cut)]
+    state = loader.state_dict()
+    del it
+    fresh = _grouped({"num_workers": 2})
+    fresh._task_group = 8
+    fresh.load_state_dict(state)
+    tail = [b[0].tolist() for b in fresh]
+    assert head + tail == [b[0].tolist() for b in _grouped({})]
 
 
 class _SlowFirst:

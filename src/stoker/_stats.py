@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class LoaderStatistics:
@@ -59,6 +61,9 @@ class LoaderStatistics:
         return self.samples / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
+_FLAT = (tuple, list)
+
+
 def measure(batch: Any, batched: bool) -> tuple[int, int]:
     """(samples, bytes) of a delivered batch: its first array's length, and all arrays' bytes.
 
@@ -71,6 +76,10 @@ def measure(batch: Any, batched: bool) -> tuple[int, int]:
     >>> measure({"x": [1, 2]}, batched=False)
     (1, 0)
     """
+    if type(batch) in _FLAT and batch and all(type(a) is np.ndarray for a in batch):
+        # the common batch, a tuple or list of arrays: no walk
+        first = len(batch[0]) if batch[0].ndim and batched else 1
+        return first, sum(a.nbytes for a in batch)
     nbytes = 0
     first = -1
     stack = [batch]

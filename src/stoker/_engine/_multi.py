@@ -5,14 +5,15 @@
 sent but not yet delivered in all (so a fast worker cannot run ahead of a slow one without
 bound while ``in_order`` waits for it; the tasks for one worker go out in one message;
 results that arrived together are handled before refilling; tiny, fast batches count as a
-fraction of a slot, see :func:`~stoker._engine._transport.group_size`; the last batches of
-an epoch may be split across workers, see :mod:`stoker._engine._tail`), numbers them, and
-delivers the batches in task order (``in_order=True``) or as they come
-(``in_order=False``). Every batch of epoch
-``e`` with index ``k`` is computed under a seed mixed from (base seed, e, k), so which
-worker runs it does not matter. The pool it drives (:mod:`stoker._engine._pool`) is shut
-down by a ``weakref.finalize``: at the end of an epoch (unless ``persistent_workers``), on
-garbage collection, on interpreter exit, and before any fatal error is raised.
+fraction of a slot, see :func:`~stoker._engine._transport.group_size`, and go to process
+workers in groups: one task, one slot and one message for several batches; the last
+batches of an epoch may be split across workers, see :mod:`stoker._engine._tail`), numbers
+them, and delivers the batches in task order (``in_order=True``) or as they come
+(``in_order=False``). Every batch of epoch ``e`` with index ``k`` is computed under a seed
+mixed from (base seed, e, k), so which worker runs it does not matter. The pool it drives
+(:mod:`stoker._engine._pool`) is shut down by a ``weakref.finalize``: at the end of an
+epoch (unless ``persistent_workers``), on garbage collection, on interpreter exit, and
+before any fatal error is raised.
 
 Also here: :func:`workers_warning`, torch's warning when more workers are asked for than
 CPUs are available, counting CPUs from the affinity mask and the cgroup quota.
@@ -92,6 +93,8 @@ class MultiWorkerIterator:
             self._prefetch = max(1, int(loader.prefetch_factor or 2))
         # Batches per prefetch slot; 0 until _GROUP_AFTER are measured (in an earlier epoch).
         self._group = loader._task_group
+        # Process workers get a group's batches as one task, answered in one slot.
+        self._group_tasks = loader.worker_mode == "process" and not loader._iterable
         self._in_order = bool(loader.in_order)
         self._iterable = bool(loader._iterable)
         # The tail of an epoch may be split across processes (see stoker._engine._tail).
@@ -225,6 +228,9 @@ class MultiWorkerIterator:
                 break
             if self._iterable:
                 self._next_worker = (wid + 1) % self._num_workers
+            if self._group > 1 and self._group_tasks:
+                self._queue_group(sends, wid, k, task, depth, window)
+                continue
             seed = mix_seed(self._seed, self._epoch, k)
             parts = self._plan_split(k, task)
             if parts is None:
@@ -257,6 +263,34 @@ class MultiWorkerIterator:
         self._outstanding[wid] += 1
         self._task_worker[idx] = wid
         return idx
+
+    def _queue_group(
+        self, sends: dict[int, list[Any]], wid: int, k: int, task: Any, depth: int, window: int
+    ) -> None:
+        """Queue batch ``k`` and the next ones, as many as a group, the worker's window and
+        the loader's allow, as one task for worker ``wid`` (numbered one by one)."""
+        n = min(self._group, depth - self._outstanding[wid], window - self._send_idx + self._popped)
+        ks, tasks = [k], [task]
+        while len(ks) < n:
+            try:
+                k, task = next(self._tasks)
+            except StopIteration:
+                self._tasks_done = True
+                break
+            ks.append(k)
+            tasks.append(task)
+        first = self._send_idx
+        for j, k in enumerate(ks):
+            self._k_of[first + j] = k
+            self._task_worker[first + j] = wid
+        self._send_idx += len(ks)
+        freed = self._pool.take_freed(wid) if wid not in sends else []
+        sends.setdefault(wid, []).append(
+            (self._generation, first, tasks, (self._seed, self._epoch, ks), freed)
+        )
+        if not self._outstanding[wid]:
+            self._since[wid] = time.perf_counter()
+        self._outstanding[wid] += len(ks)
 
     def _plan_split(self, k: int, task: Any) -> list[tuple[int, int]] | None:
         """How to split batch ``k`` among workers that would otherwise idle, or None."""
@@ -406,8 +440,11 @@ class MultiWorkerIterator:
             self._finalizer()
             raise msg[3].rebuild()
         if gen != self._generation:  # a result of an abandoned epoch
-            if kind == "ok":
+            if kind in ("ok", "okg"):
                 self._pool.decode(wid, msg)  # maps and drops it: the slot returns
+            return
+        if kind == "okg":
+            self._handle_group(wid, msg)
             return
         self._outstanding[wid] -= 1
         del self._task_worker[idx]
@@ -440,6 +477,23 @@ class MultiWorkerIterator:
             self._part_done(k, idx, item[1])
         else:
             self._ready[idx] = item
+
+    def _handle_group(self, wid: int, msg: tuple[Any, ...]) -> None:
+        """Make the batches of a group ready, each at its own task index."""
+        batches = self._pool.decode(wid, msg)
+        first, busy, skipped = msg[2], msg[6], msg[7]
+        self._outstanding[wid] -= len(batches)
+        self._since[wid] = time.perf_counter()
+        self._stats.busy[wid] += busy
+        self._busy_sum += busy
+        self._busy_n += len(batches)
+        for j, batch in enumerate(batches, first):
+            del self._task_worker[j]
+            k = self._k_of.pop(j)
+            if type(batch) is RemoteError:
+                self._ready[j] = (k, _Failure(batch), None)
+            else:
+                self._ready[j] = (k, batch, skipped[j - first] if skipped else None)
 
     def _part_done(self, k: int, idx: int, part: Any) -> None:
         """Keep a part of split batch ``k``; with the last one, the batch is ready."""

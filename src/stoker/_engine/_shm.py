@@ -158,6 +158,8 @@ class Arena:
     names: set[str] = field(default_factory=set)
     hint: int = 0
     current: Slot | None = None
+    placed: dict[int, tuple[np.ndarray[Any, Any], int]] = field(default_factory=dict)
+    """The arrays :meth:`alloc` made in the current slot, by id: (array, offset)."""
     _seq: int = 0
     _spare: _SpareSlot | None = None
 
@@ -172,6 +174,7 @@ class Arena:
         MiB here) that would otherwise delay the batch after this one. Otherwise a slot
         usually comes back first, and a spare would only cost memory.
         """
+        self.placed.clear()
         self.current = self._take(self.hint) if self.hint else None
         if (
             ahead
@@ -192,10 +195,14 @@ class Arena:
             # The first batch of this worker: its size is unknown until collate ends, so
             # guess from its first leaf; a wrong guess costs one copy (see encode()).
             self.current = self._create(nbytes + nbytes // 4 + _FIRST_SLOT_HEADROOM)
-        view = self.bump(nbytes)
-        if view is None:
+        slot = self.current
+        if slot is None or slot.used + nbytes > slot.size:
             return np.empty(shape, dtype)
-        return view.view(dtype).reshape(shape)
+        start = slot.used
+        slot.used = _round_up(start + nbytes, ALIGN)
+        arr = np.ndarray(shape, dtype, slot.buf, start)
+        self.placed[id(arr)] = (arr, start)  # the transport finds it here, not by address
+        return arr
 
     def bump(self, nbytes: int) -> np.ndarray[Any, Any] | None:
         """``nbytes`` of the current slot as a uint8 array, or None when they do not fit."""
@@ -218,11 +225,13 @@ class Arena:
         self.hint = max(self.hint, _round_up(needed + needed // 8, _PAGE))
         if self.current is not None:
             self._give_back(self.current.id)
+        self.placed.clear()
         self.current = self._take(self.hint)
 
     def finish(self) -> tuple[int, str, int] | None:
         """The current slot's (id, name, size), now owned by the main process, or None."""
         slot, self.current = self.current, None
+        self.placed.clear()
         if slot is None:
             return None
         self.hint = max(self.hint, _round_up(slot.used, _PAGE))
@@ -247,6 +256,7 @@ class Arena:
         """Give the current slot back after a failed batch."""
         if self.current is not None:
             self._give_back(self.current.id)
+        self.placed.clear()
         self.current = None
 
     def release(self, slot_ids: list[int]) -> None:
@@ -289,6 +299,7 @@ class Arena:
             self.slots = {}
         self.slots.clear()
         self.free.clear()
+        self.placed.clear()
         self.current = None
 
     # -- slots -------------------------------------------------------------------------

@@ -8,9 +8,11 @@ process):
   (``persistent_id``); leaves that collate did not write into the slot are copied in. Only
   that metadata crosses the pipe. A batch that is a tuple or list of a few arrays (what the
   default collate makes of most datasets) skips the pickler: its metadata is the list of
-  leaf references itself. :func:`decode` maps the slot and rebuilds the leaves as
-  NumPy views (``torch.from_numpy`` of them for tensors); a ``weakref.finalize`` on the
-  memoryview that every view shares returns the slot when the last view dies.
+  leaf references itself; so does a group of such batches (tiny ones, written into one
+  slot and sent as one message, see :func:`group_size`). :func:`decode` maps the slot and
+  rebuilds the leaves as NumPy views (``torch.from_numpy`` of them for tensors); a
+  ``weakref.finalize`` on the memoryview that every view shares returns the slot when the
+  last view dies.
 - **in-process** (thread workers and tests): the batch object itself is passed; nothing is
   encoded.
 
@@ -67,23 +69,47 @@ def dumps(msg: Any) -> bytes:
 def pack_tasks(tasks: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """Tasks ``(generation, index, task, seed, freed)`` for the pipe, each with a sixth field:
     1-D integer index arrays travel as raw bytes and that field holds their dtype (about ten
-    times cheaper to pickle than the array); other tasks as they are, with None."""
-    out = []
+    times cheaper to pickle than the array); other tasks as they are, with None. A group of
+    tiny batches (``task`` a list of tasks, ``seed`` a tuple, see :func:`group_size`) has
+    ``("g", dtype)`` there, its index arrays joined in one bytes object with their lengths.
+    """
+    out: list[tuple[Any, ...]] = []
     for gen, idx, task, seed, freed in tasks:
-        if type(task) is np.ndarray and task.ndim == 1 and task.dtype.kind in "iu":
+        if type(seed) is tuple:
+            dtypes = {t.dtype.str if _index_array(t) else None for t in task}
+            dtype = dtypes.pop() if len(dtypes) == 1 else None
+            if dtype is not None:
+                task = (b"".join(t.tobytes() for t in task), [len(t) for t in task])
+            out.append((gen, idx, task, seed, freed, ("g", dtype)))
+        elif _index_array(task):
             out.append((gen, idx, task.tobytes(), seed, freed, task.dtype.str))
         else:
             out.append((gen, idx, task, seed, freed, None))
     return out
 
 
-def unpack_task(task: Any, dtype: str | None) -> Any:
-    """The task of a :func:`pack_tasks` entry (a writable array again).
+def _index_array(task: Any) -> bool:
+    return type(task) is np.ndarray and task.ndim == 1 and task.dtype.kind in "iu"
+
+
+def unpack_task(task: Any, dtype: str | tuple[str, str | None] | None) -> Any:
+    """The task of a :func:`pack_tasks` entry (writable arrays again; a list for a group).
 
     >>> unpack_task(*pack_tasks([(0, 0, np.arange(3), 0, [])])[0][2::3])
     array([0, 1, 2])
+    >>> group = (0, 0, [np.arange(2), np.arange(1)], (0, 0, [0, 1]), [])
+    >>> unpack_task(*pack_tasks([group])[0][2::3])
+    [array([0, 1]), array([0])]
     """
-    return task if dtype is None else np.frombuffer(task, dtype).copy()
+    if dtype is None:
+        return task
+    if type(dtype) is tuple:
+        if dtype[1] is None:
+            return task
+        data, lengths = task
+        flat = np.frombuffer(data, dtype[1]).copy()
+        return np.split(flat, np.cumsum(lengths[:-1])) if len(lengths) > 1 else [flat]
+    return np.frombuffer(task, dtype).copy()
 
 
 def frame(buf: bytearray) -> tuple[int, int] | None:
@@ -166,7 +192,8 @@ def group_size(nbytes: float, seconds: float) -> int:
     """How many batches of ``nbytes`` that a worker loads in ``seconds`` each count as one
     prefetch slot: several when they are small and fast, since sending a task and receiving
     its batch then costs more than loading it, and a worker with a shallow queue would wait
-    for the main process most of the time.
+    for the main process most of the time. Process workers get that many as one task and
+    answer with one slot and one message.
 
     >>> group_size(10_000, 0.00005), group_size(10_000, 0.01), group_size(1 << 20, 0.00005)
     (16, 1, 1)
@@ -282,6 +309,10 @@ class _Encoder(pickle.Pickler):
             dtype = obj.dtype
             if dtype.hasobject:
                 return None
+            hit = self.arena.placed.get(id(obj))
+            if hit is not None and hit[0] is obj and obj.nbytes:  # collate wrote it there
+                dt = dtype.str if dtype.fields is None else dtype
+                return (_NUMPY, hit[1], obj.nbytes, dt, obj.shape)
             return self._place(
                 obj,
                 obj.ctypes.data,
@@ -346,46 +377,54 @@ def _copy_into(dst: np.ndarray[Any, Any], obj: Any, kind: str, torch: Any) -> No
 
 _FAST_LEAVES = 16
 """A tuple or list of up to this many arrays or tensors takes the fast path."""
+_GROUP = 2
+"""The container code of a group's fast payload: a list of (container code, leaves)."""
 
 
-def _encode_fast(data: Any, arena: Arena) -> tuple[int, list[Any]] | None:
-    """(container code, leaf references) of a tuple or list of arrays/tensors, or None."""
-    t = type(data)
-    if (t is not tuple and t is not list) or not 0 < len(data) <= _FAST_LEAVES:
-        return None
+def _fast_refs(batches: list[Any], arena: Arena) -> list[tuple[int, list[Any]]] | None:
+    """(container code, leaf references) of each batch, when every one is a tuple or list
+    of arrays/tensors (leaves placed in the slot), else None."""
     torch = _torch.loaded()
-    for leaf in data:
-        lt = type(leaf)
-        if lt is np.ndarray:
-            if leaf.dtype.hasobject or leaf.dtype.fields is not None:
-                return None
-        elif torch is None or lt is not torch.Tensor:
+    for data in batches:
+        t = type(data)
+        if (t is not tuple and t is not list) or not 0 < len(data) <= _FAST_LEAVES:
             return None
+        for leaf in data:
+            lt = type(leaf)
+            if lt is np.ndarray:
+                if leaf.dtype.hasobject or leaf.dtype.fields is not None:
+                    return None
+            elif torch is None or lt is not torch.Tensor:
+                return None
     for _ in range(2):
         enc = _Encoder(None, arena)
-        pids = [enc.persistent_id(leaf) for leaf in data]
-        if None in pids:  # a tensor the pickler must handle (needs grad, ...)
-            return None
+        out = []
+        for data in batches:
+            pids = [enc.persistent_id(leaf) for leaf in data]
+            if None in pids:  # a tensor the pickler must handle (needs grad, ...)
+                return None
+            out.append((0 if type(data) is tuple else 1, pids))
         if not enc.missing:
-            return (0 if t is tuple else 1), pids
+            return out
         used = arena.current.used if arena.current is not None else 0
         arena.regrow(used + enc.missing)  # as encode() does; the second round fits
     raise RuntimeError("stoker internal error: a regrown slot still lacks room.")
 
 
 def encode(
-    data: Any, arena: Arena
+    data: Any, arena: Arena, group: bool = False
 ) -> tuple[tuple[int, str, int] | None, bytes | tuple[int, list[Any]]]:
-    """The batch as (slot, metadata) for the pipe; the leaves are in the slot (worker side).
+    """The batch (or, with ``group``, the list of batches) as (slot, metadata) for the pipe;
+    the leaves are in the slot (worker side).
 
     Returns:
         The slot's (id, name, size) or None when the batch has no array leaf, and the
         pickled structure (or, for a tuple or list of arrays, the container code and the
-        leaf references).
+        leaf references; for a group of those, :data:`_GROUP` and their list).
     """
-    fast = _encode_fast(data, arena)
+    fast = _fast_refs(data if group else [data], arena)
     if fast is not None:
-        return _finish(arena), fast
+        return _finish(arena), (_GROUP, fast) if group else fast[0]
     buf = io.BytesIO()
     enc = _Encoder(buf, arena)
     enc.dump(data)
@@ -460,10 +499,16 @@ def decode(
         # Every view of ``base`` shares base.base (the memoryview NumPy made for it), so it
         # dies with the last view of the batch, tensors included (they hold their array).
         weakref.finalize(base.base, on_free, sid)
-    if isinstance(payload, tuple):  # the fast path: a tuple or list of leaves
-        leaves = [_leaf(pid, base) for pid in payload[1]]
-        return tuple(leaves) if payload[0] == 0 else leaves
+    if isinstance(payload, tuple):  # the fast path: a tuple or list of leaves, or a group
+        if payload[0] == _GROUP:
+            return [_fast_batch(code, pids, base) for code, pids in payload[1]]
+        return _fast_batch(*payload, base)
     return _Decoder(payload, base).load()
+
+
+def _fast_batch(code: int, pids: list[Any], base: np.ndarray[Any, Any] | None) -> Any:
+    leaves = [_leaf(pid, base) for pid in pids]
+    return tuple(leaves) if code == 0 else leaves
 
 
 class RemoteError:

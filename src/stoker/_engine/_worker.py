@@ -6,12 +6,16 @@ thread of the main process with the in-process transport.
 
 Messages, main -> worker: a list of tasks ``(generation, index, task, seed,
 freed_slot_ids, dtype)`` (see :func:`~stoker._engine._transport.pack_tasks`; all the
-tasks the main process had for this worker at once: one pipe message, one wake-up),
-``("free", freed_slot_ids)``, or ``None`` (stop). Worker -> main:
+tasks the main process had for this worker at once: one pipe message, one wake-up; a
+group of tiny batches is one task, its ``task`` a list and its ``seed`` ``(seed, epoch,
+batch numbers)``), ``("free", freed_slot_ids)``, or ``None`` (stop). Worker -> main:
 ``("ok", generation, index, slot, payload, retired_segments, busy_seconds, skipped,
 untouched)`` (busy: the fetch + collate time, for ``loader.statistics()``; skipped: None, or
 the samples left out with ``skip_errors``, see :meth:`~stoker._fetch.MapFetcher.fetch_skipping`;
 untouched: for a slow batch, whether the global RNGs were left alone, else None),
+``("okg", generation, index, slot, payload, retired_segments, busy_seconds, skipped, None)``
+(a group of tiny batches, task indices ``index``, ``index + 1``, ...: the payload is their
+list, a :class:`RemoteError` in place of each that raised; skipped: None or a list),
 ``("end", generation, index)`` (an iterable dataset is exhausted) or
 ``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
 ``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` + ``(kept,)`` last of
@@ -52,7 +56,7 @@ from stoker._engine._transport import (
     unpack_task,
 )
 from stoker._fetch import IterableFetcher, MapFetcher
-from stoker._random import globals_untouched, seed_globals
+from stoker._random import globals_untouched, mix_seed, seed_globals
 from stoker._worker_info import WorkerInfo, set_worker_info
 
 _PR_SET_PDEATHSIG = 1
@@ -314,6 +318,10 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
         if iterable and fetcher.ended:  # type: ignore[union-attr]
             outbox.send(("end", gen, index))
             continue
+        if type(seed) is tuple:  # a group of tiny batches: one slot, one message
+            for reply in _fetch_group(args, arena, gen, index, task, seed, bool(pending)):
+                outbox.send(reply)
+            continue
         started = time.perf_counter()
         seed_globals(seed)
         arena.begin(ahead=bool(pending))
@@ -339,6 +347,48 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
         untouched = globals_untouched(seed) if busy >= SPLIT_MIN_S else None
         reply = ("ok", gen, index, slot, payload, retired, busy, skipped, untouched)
         outbox.send(reply, hold=bool(pending) and busy < FAST_BATCH_S and not first)
+
+
+def _fetch_group(
+    args: WorkerArgs,
+    arena: Arena,
+    gen: int,
+    index: int,
+    tasks: list[Any],
+    seed: tuple[int, int, list[int]],
+    ahead: bool,
+) -> list[tuple[Any, ...]]:
+    """The replies to a group of tiny batches (task indices ``index``, ``index + 1``, ...):
+    one ``"okg"`` message whose payload is the list of the batches (or of the
+    :class:`RemoteError` of those that raised), all written into one slot. Each batch is
+    seeded from (seed, epoch, its own batch number), as a batch sent alone."""
+    base, epoch, ks = seed
+    fetcher = args.fetcher
+    started = time.perf_counter()
+    arena.begin(ahead=ahead)
+    batches: list[Any] = []
+    skips: list[Any] = []
+    for k, task in zip(ks, tasks, strict=True):
+        seed_globals(mix_seed(base, epoch, k))
+        skipped = None
+        try:
+            data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
+        except StopIteration:
+            data = _stop_iteration_error(args, task)
+        except Exception as exc:
+            data = RemoteError(exc, _where(args, task))
+        batches.append(data)
+        skips.append(skipped)
+    try:
+        slot, payload = encode(batches, arena, group=True)
+    except Exception as exc:  # a batch that cannot cross (pickling failed): each one says so
+        arena.abort()
+        err = RemoteError(exc, _where(args, None))
+        return [("err", gen, index + j, err) for j in range(len(tasks))]
+    del batches
+    busy = time.perf_counter() - started
+    any_skipped = skips if any(s is not None for s in skips) else None
+    return [("okg", gen, index, slot, payload, arena.take_retired(), busy, any_skipped, None)]
 
 
 def _drop_abandoned(pending: collections.deque[Any], arena: Arena) -> None:
