@@ -42,7 +42,7 @@ from stoker import _torch
 from stoker._engine import _shm
 from stoker._engine._buffers import for_loader
 from stoker._engine._split import HelpBoard
-from stoker._engine._transport import Inbox, decode, dumps, pack_tasks
+from stoker._engine._transport import Inbox, decode, pack_tasks, send
 from stoker._engine._worker import BYE, RngGuard, WorkerArgs, process_worker, thread_worker
 from stoker.errors import WorkerError
 
@@ -312,7 +312,7 @@ class ProcessPool:
         if type(msg) is list:
             msg = pack_tasks(msg)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            w.conn.send_bytes(dumps(msg))
+            send(w.conn, msg)
 
     def flush_freed(self) -> None:
         """Return freed slots of big batches at once, not with the next task.
