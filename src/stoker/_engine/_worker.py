@@ -361,7 +361,9 @@ def _fetch_group(
     """The replies to a group of tiny batches (task indices ``index``, ``index + 1``, ...):
     one ``"okg"`` message whose payload is the list of the batches (or of the
     :class:`RemoteError` of those that raised), all written into one slot. Each batch is
-    seeded from (seed, epoch, its own batch number), as a batch sent alone."""
+    seeded from (seed, epoch, its own batch number), as a batch sent alone. The finished
+    batches wait for the group's last one: only batches measured to load in well under a
+    millisecond are grouped (see :func:`~stoker._engine._transport.group_size`)."""
     base, epoch, ks = seed
     fetcher = args.fetcher
     started = time.perf_counter()
