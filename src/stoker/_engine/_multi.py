@@ -228,7 +228,7 @@ class MultiWorkerIterator:
                 break
             if self._iterable:
                 self._next_worker = (wid + 1) % self._num_workers
-            if self._group > 1 and self._group_tasks:
+            if self._group > 1 and self._group_tasks and self._yielded:  # first one alone
                 self._queue_group(sends, wid, k, task, depth, window)
                 continue
             seed = mix_seed(self._seed, self._epoch, k)
