@@ -56,7 +56,7 @@ from stoker._engine._transport import (
     unpack_task,
 )
 from stoker._fetch import IterableFetcher, MapFetcher
-from stoker._random import globals_untouched, mix_seed, seed_globals
+from stoker._random import batch_seeds, globals_untouched, seed_globals
 from stoker._worker_info import WorkerInfo, set_worker_info
 
 _PR_SET_PDEATHSIG = 1
@@ -370,8 +370,8 @@ def _fetch_group(
     arena.begin(ahead=ahead)
     batches: list[Any] = []
     skips: list[Any] = []
-    for k, task in zip(ks, tasks, strict=True):
-        seed_globals(mix_seed(base, epoch, k))
+    for k_seed, task in zip(batch_seeds(base, epoch, ks), tasks, strict=True):
+        seed_globals(k_seed)
         skipped = None
         try:
             data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
