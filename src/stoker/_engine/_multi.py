@@ -234,23 +234,28 @@ class MultiWorkerIterator:
             seed = mix_seed(self._seed, self._epoch, k)
             parts = self._plan_split(k, task)
             if parts is None:
-                self._queue(sends, wid, k, task, seed)
+                self._queue(sends, wid, [k], task, seed)
                 continue
             for_loader(self._loader, _JOIN_BUFFERS).warm()  # the join's memory, meanwhile
             first, start = self._send_idx, 0
             for w, count in parts:
-                idx = self._queue(sends, w, k, task[start : start + count], seed)
+                idx = self._queue(sends, w, [k], task[start : start + count], seed)
                 self._share[idx] = count / len(task)
                 start += count
             self._splits[k] = (first, [None] * len(parts))
         for wid, tasks in sends.items():
             self._pool.send(wid, tasks)
 
-    def _queue(self, sends: dict[int, list[Any]], wid: int, k: int, task: Any, seed: int) -> int:
-        """Number ``task`` (batch ``k``) and add it to worker ``wid``'s message."""
+    def _queue(
+        self, sends: dict[int, list[Any]], wid: int, ks: list[int], task: Any, seed: Any
+    ) -> int:
+        """Number ``task`` (batch ``ks[0]``, or a group's batches ``ks``: one task index
+        each) and add it to worker ``wid``'s message; returns its first task index."""
         idx = self._send_idx
-        self._send_idx += 1
-        self._k_of[idx] = k
+        self._send_idx += len(ks)
+        for j, k in enumerate(ks, idx):
+            self._k_of[j] = k
+            self._task_worker[j] = wid
         tasks = sends.get(wid)
         if tasks is None:
             tasks = sends[wid] = []
@@ -260,8 +265,7 @@ class MultiWorkerIterator:
         tasks.append((self._generation, idx, task, seed, freed))
         if not self._outstanding[wid]:
             self._since[wid] = time.perf_counter()
-        self._outstanding[wid] += 1
-        self._task_worker[idx] = wid
+        self._outstanding[wid] += len(ks)
         return idx
 
     def _queue_group(
@@ -279,18 +283,7 @@ class MultiWorkerIterator:
                 break
             ks.append(k)
             tasks.append(task)
-        first = self._send_idx
-        for j, k in enumerate(ks):
-            self._k_of[first + j] = k
-            self._task_worker[first + j] = wid
-        self._send_idx += len(ks)
-        freed = self._pool.take_freed(wid) if wid not in sends else []
-        sends.setdefault(wid, []).append(
-            (self._generation, first, tasks, (self._seed, self._epoch, ks), freed)
-        )
-        if not self._outstanding[wid]:
-            self._since[wid] = time.perf_counter()
-        self._outstanding[wid] += len(ks)
+        self._queue(sends, wid, ks, tasks, (self._seed, self._epoch, ks))
 
     def _plan_split(self, k: int, task: Any) -> list[tuple[int, int]] | None:
         """How to split batch ``k`` among workers that would otherwise idle, or None."""

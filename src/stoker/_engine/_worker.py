@@ -387,7 +387,6 @@ def _fetch_group(
         arena.abort()
         err = RemoteError(exc, _where(args, None))
         return [("err", gen, index + j, err) for j in range(len(tasks))]
-    del batches
     busy = time.perf_counter() - started
     any_skipped = skips if any(s is not None for s in skips) else None
     return [("okg", gen, index, slot, payload, arena.take_retired(), busy, any_skipped, None)]
