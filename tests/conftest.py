@@ -118,4 +118,14 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     extra = leftovers(before)
     if extra:
-        pytest.fail(f"{request.node.nodeid} left behind: {extra}", pytrace=False)
+        fds = extra.get("open file descriptors", set())
+        named = {fd: _fd_target(fd) for fd in fds}  # type: ignore[arg-type]
+        pytest.fail(f"{request.node.nodeid} left behind: {extra} {named}", pytrace=False)
+
+
+def _fd_target(fd: int) -> str:
+    """What descriptor ``fd`` is (a path, ``socket:[inode]``, ``pipe:[inode]``...)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "?"

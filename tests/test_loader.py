@@ -132,6 +132,45 @@ def test_generator_kinds(make_gen: Any) -> None:
     assert sorted(order()) == list(range(20))
 
 
+class _Draws(stoker.Dataset[Any]):
+    """Each sample draws from Python's, NumPy's and torch's global RNGs."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        import random
+
+        import torch
+
+        return random.random(), np.random.rand(), torch.rand(()).item()
+
+
+def test_loading_in_process_leaves_the_loops_randomness_to_its_seeds() -> None:
+    """With a fixed loader seed, the loop's draws still follow the user's own seeds (torch's
+    exactly as if nothing was loaded), and the batches do not depend on them."""
+    import random
+
+    torch = pytest.importorskip("torch")
+
+    def run(user_seed: int) -> tuple[list[Any], list[Any]]:
+        random.seed(user_seed)
+        np.random.seed(user_seed)
+        torch.manual_seed(user_seed)
+        batches, loop = [], []
+        for batch in DataLoader(_Draws(), batch_size=4, generator=0):
+            batches.append([b.tolist() for b in batch])
+            loop.append((random.random(), np.random.rand(), torch.rand(()).item()))
+        return batches, loop
+
+    (b1, loop1), (b2, loop2) = run(1), run(2)
+    assert b1 == b2  # the loader's seed decides the samples' draws
+    assert all(x != y for a, b in zip(loop1, loop2, strict=True) for x, y in zip(a, b, strict=True))
+    assert run(1) == (b1, loop1)
+    torch.manual_seed(1)
+    assert [t for _, _, t in loop1] == [torch.rand(()).item() for _ in loop1]
+
+
 def test_global_seed_makes_default_shuffle_repeatable() -> None:
     """Without a generator, np.random.seed makes the shuffle repeatable (torch not imported)."""
     import sys

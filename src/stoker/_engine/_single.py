@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stoker._engine._pin import pin
-from stoker._random import mix_seed, seed_globals
+from stoker._random import mix_seed, resume_streams, seed_globals, set_aside_streams
 from stoker._stats import StatsRecorder
 
 if TYPE_CHECKING:
@@ -17,7 +17,9 @@ class SingleProcessIterator:
     """One epoch of a DataLoader with ``num_workers=0``, batch by batch on ``__next__``.
 
     Before batch ``k`` is fetched, the global RNGs are seeded from (seed, epoch, k), exactly
-    as a worker would seed them, so augmentations match those of any worker count. With
+    as a worker would seed them, so augmentations match those of any worker count; after
+    it, the caller's own streams go on (see :func:`~stoker._random.resume_streams`), so the
+    training loop's randomness still follows the seeds its user set. With
     ``skip_errors``, a batch whose samples all failed is dropped (the next one is fetched).
     """
 
@@ -40,8 +42,12 @@ class SingleProcessIterator:
         while True:
             try:
                 k, task = next(epoch.tasks)
-                seed_globals(mix_seed(epoch.seed, epoch.number, k))
-                data, skipped = self._fetch(task)
+                kept = set_aside_streams()
+                try:
+                    seed_globals(mix_seed(epoch.seed, epoch.number, k))
+                    data, skipped = self._fetch(task)
+                finally:
+                    resume_streams(kept)
             except StopIteration:
                 self._stats.ended(entered)
                 epoch.finish()
