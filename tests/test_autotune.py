@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stoker._dataset import IterableDataset
+from stoker._dataset import IterableDataset, TensorDataset
 from stoker._loader import DataLoader
 
 _SLEEP_S = 0.01
@@ -85,7 +85,7 @@ def test_auto_keeps_one_worker_when_data_is_ready() -> None:
         time.sleep(_SLEEP_S)  # simulated training step, slower than loading
     stats = loader.statistics()
     assert stats.num_workers == 1
-    assert stats.autotune and stats.autotune[-1].startswith("keep 1 workers")
+    assert stats.autotune and stats.autotune[0].startswith("keep 1 workers")
 
 
 def test_auto_persistent_workers_keep_the_count_found() -> None:
@@ -119,6 +119,68 @@ def test_auto_with_an_iterable_dataset_fixes_the_count() -> None:
     got = sorted(int(x) for x in loader)
     assert got == list(range(16))
     assert "not tuned" in loader.statistics().autotune[0]
+
+
+class SlowInProcess:
+    """Rows that load at once in a worker, but 20 ms per batch in the main process."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        from stoker._worker_info import get_worker_info
+
+        if get_worker_info() is None:
+            time.sleep(0.02)  # simulated slow loading, in the main process only
+        return [np.full(2, i) for i in indices]
+
+
+def _epochs(loader: DataLoader[Any], n: int = 3) -> list[list[str]]:
+    return [_digest(loader) for _ in range(n)]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_auto_loads_in_process_when_workers_cost_more(persistent: bool) -> None:
+    """Short epochs of tiny batches: after one epoch with workers (their start costs more
+    than the loading), auto tries and keeps loading in process, with the same batches."""
+    data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 5}
+    auto: DataLoader[Any] = DataLoader(
+        TensorDataset(data), num_workers="auto", persistent_workers=persistent, **kw
+    )
+    assert _epochs(auto) == _epochs(DataLoader(TensorDataset(data), **kw))
+    stats = auto.statistics()
+    assert stats.num_workers == 0
+    assert [d.split(":")[0] for d in stats.autotune] == [
+        "try in process next epoch",
+        "stay in process",
+    ]
+
+
+def test_auto_goes_back_to_workers_when_in_process_is_slower() -> None:
+    """The in-process trial is kept only if it was faster: here the workers come back."""
+    loader: DataLoader[Any] = DataLoader(SlowInProcess(), batch_size=8, num_workers="auto")
+    plain: DataLoader[Any] = DataLoader(SlowInProcess(), batch_size=8)
+    assert _epochs(loader) == _epochs(plain, 1) * 3
+    stats = loader.statistics()
+    assert stats.num_workers == 1
+    assert [d.split(":")[0] for d in stats.autotune] == [
+        "try in process next epoch",
+        "back to 1 workers",
+    ]
+
+
+@pytest.mark.parametrize("kw", [{"worker_init_fn": print}, {"timeout": 30}], ids=str)
+def test_auto_stays_with_workers_that_in_process_could_not_replace(kw: dict[str, Any]) -> None:
+    """With worker_init_fn (it would not run) or timeout (the main process cannot time itself
+    out), auto never loads in process."""
+    data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    loader: DataLoader[Any] = DataLoader(
+        TensorDataset(data), batch_size=4, num_workers="auto", **kw
+    )
+    _epochs(loader, 2)
+    assert loader.statistics().num_workers == 1
+    assert not any("in process" in d for d in loader.statistics().autotune)
 
 
 def test_prefetch_factor_rejects_other_strings() -> None:

@@ -17,6 +17,14 @@ The rule, per window of batches (one batch per worker, and at least ``_MIN_WINDO
    :func:`memory_budget` and ``/dev/shm``'s free space).
 4. Else, with ``prefetch_factor="auto"``, deepen the window by one (up to ``_MAX_PREFETCH``).
 
+Workers are not always faster: batches that load in microseconds (rows gathered from
+in-memory arrays) cost more to send than to make. So at the end of an epoch with workers,
+if a batch's load time plus the loop's own time per batch (what loading in process would
+take) is below the time per batch the workers achieved, by ``_MIN_GAIN``, the next epoch
+runs in process as a trial; it stays there only if it was faster, else the worker count
+comes back. Not with ``worker_init_fn`` (it would not run) or ``timeout`` (the main
+process cannot time itself out).
+
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
 delivered in order, whichever worker made it. Every decision is logged (logger
 ``stoker._autotune``, INFO) and listed in ``loader.statistics().autotune``.
@@ -68,6 +76,8 @@ _WORKERS_PER_CPU = 4
 """Capacity: process workers per CPU (waiting workers use little CPU; measuring decides)."""
 _MAX_CAPACITY = 32
 """At most this many workers, whatever the CPU count."""
+_MIN_EPOCH_BATCHES = 8
+"""Fewest batches an epoch needs to count in the in-process comparison."""
 
 
 class Autotuner:
@@ -80,6 +90,7 @@ class Autotuner:
         tune_workers: whether ``num_workers`` is ``"auto"``.
         tune_prefetch: whether ``prefetch_factor`` is ``"auto"``.
         shared_memory: whether batches cross through /dev/shm (process workers).
+        in_process: whether loading in process (0 workers) may be tried.
     """
 
     def __init__(
@@ -90,6 +101,7 @@ class Autotuner:
         tune_workers: bool,
         tune_prefetch: bool,
         shared_memory: bool,
+        in_process: bool = False,
     ) -> None:
         self.workers = workers
         self.capacity = capacity
@@ -106,6 +118,8 @@ class Autotuner:
         self._idle_mark = _idle_ticks()
         self._batch_bytes = 0
         self._budget = memory_budget()
+        self._in_process = in_process  # still a candidate
+        self._trial: tuple[int, float] | None = None  # (workers, seconds per batch) before
 
     @classmethod
     def for_loader(cls, loader: DataLoader[Any]) -> Autotuner:
@@ -131,6 +145,9 @@ class Autotuner:
             tune_workers,
             tune_prefetch,
             shared_memory=loader.worker_mode == "process",
+            in_process=(
+                tune_workers and loader.worker_init_fn is None and not float(loader.timeout)
+            ),
         )
         if loader.num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
@@ -205,6 +222,34 @@ class Autotuner:
             f"keep {self.workers} workers, prefetch {self.prefetch}: the consumer waits "
             f"{waited:.0%} of the time, but {why_not}"
         )
+
+    def epoch_done(self, rec: StatsRecorder, seconds: float) -> None:
+        """An epoch of ``rec.batches`` batches took ``seconds`` (workers' start included):
+        decide whether the next one loads in process (module docstring)."""
+        if not self._in_process or rec.batches < _MIN_EPOCH_BATCHES:
+            return
+        per_batch = seconds / rec.batches
+        if self.workers == 0:  # the trial epoch
+            self._in_process = False
+            assert self._trial is not None
+            workers, before = self._trial
+            rates = f"{1 / per_batch:.3g} batches/s in process, {1 / before:.3g} with workers"
+            if per_batch <= before:
+                self.decide(f"stay in process: {rates}")
+            else:
+                self.workers = workers
+                self.decide(f"back to {workers} workers: {rates}")
+            return
+        load = sum(rec.busy) / rec.batches
+        loop = max(0.0, rec.last - rec.start - rec.wait) / rec.batches  # outside __next__
+        if (load + loop) * (1 + _MIN_GAIN) < per_batch:
+            self._trial = (self.workers, per_batch)
+            self.workers = 0
+            self.decide(
+                f"try in process next epoch: a batch loads in {load * 1e6:.0f} us and the "
+                f"loop takes {loop * 1e6:.0f} us, but {self._trial[0]} workers delivered one "
+                f"every {per_batch * 1e6:.0f} us"
+            )
 
     def _open(self, rec: StatsRecorder, pids: list[int], skip: int = 0) -> None:
         """Open a window now; after a change, ``skip`` batches pass first (the pipeline fills)."""

@@ -476,10 +476,14 @@ class DataLoader(Generic[T_co]):
         return tuner.capacity if tuner is not None else int(self.num_workers)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.num_workers == 0:
+        tuner = self._autotuner()
+        if self.num_workers == 0 or (tuner is not None and tuner.workers == 0):
             from stoker._engine._single import SingleProcessIterator
 
-            return SingleProcessIterator(self)
+            if self._iterator is not None:  # autotune moved to in process: workers go
+                self._iterator._finalizer()
+                self._iterator = None
+            return SingleProcessIterator(self, tuner)
         from stoker._engine._multi import MultiWorkerIterator
 
         if not self.persistent_workers:

@@ -190,8 +190,13 @@ def globals_untouched(seed: int) -> bool:
     """
     if random.getstate() != random.Random(seed).getstate():
         return False
-    now, fresh = np.random.get_state(), np.random.RandomState(seed & 0xFFFFFFFF).get_state()
-    if not (np.array_equal(now[1], fresh[1]) and now[2:] == fresh[2:]):  # type: ignore[index]
+    now = np.random.get_state(legacy=False)
+    fresh = np.random.RandomState(seed & 0xFFFFFFFF).get_state(legacy=False)
+    if not np.array_equal(now["state"]["key"], fresh["state"]["key"]) or any(
+        now[k] != fresh[k] for k in ("has_gauss", "gauss")
+    ):
+        return False
+    if now["state"]["pos"] != fresh["state"]["pos"]:
         return False
     torch = _torch.loaded()
     if torch is None:

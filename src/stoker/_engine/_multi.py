@@ -81,6 +81,7 @@ class MultiWorkerIterator:
     """
 
     def __init__(self, loader: DataLoader[Any]) -> None:
+        self._created = time.perf_counter()  # the first epoch pays the workers' start
         self._loader = loader
         # Autotune (num_workers / prefetch_factor "auto"): the pool is built for the
         # tuner's capacity, and only the first _num_workers workers get tasks.
@@ -345,6 +346,9 @@ class MultiWorkerIterator:
             if not any(self._outstanding) and (self._tasks_done or not any(self._active)):
                 self._stats.ended(entered)
                 self._epoch_state.finish()
+                if self._tuner is not None:
+                    began = self._created if self._generation == 1 else self._began
+                    self._tuner.epoch_done(self._stats, self._stats.last - began)
                 self._loader._batch_profile = self._profile()  # the next epoch's tail plan
                 self._end()
                 raise StopIteration

@@ -10,6 +10,7 @@ from stoker._random import mix_seed, resume_streams, seed_globals, set_aside_str
 from stoker._stats import StatsRecorder
 
 if TYPE_CHECKING:
+    from stoker._autotune import Autotuner
     from stoker._loader import DataLoader
 
 
@@ -23,14 +24,18 @@ class SingleProcessIterator:
     ``skip_errors``, a batch whose samples all failed is dropped (the next one is fetched).
     """
 
-    def __init__(self, loader: DataLoader[Any]) -> None:
+    def __init__(self, loader: DataLoader[Any], tuner: Autotuner | None = None) -> None:
+        self._created = time.perf_counter()  # the sampler's draw counts in the epoch
         self._loader = loader
+        self._tuner = tuner  # num_workers="auto" that chose to load in process
         self._epoch = loader._start_epoch()
         self._fetch = loader._make_fetcher().fetch_skipping
         self._pin_device = loader._resolved_pin_device()
         self._iterable = loader._iterable
         self._yielded = 0
         self._stats = StatsRecorder(0, loader._auto_collation)
+        if tuner is not None:
+            self._stats.decisions = tuner.decisions
         loader._stats = self._stats
 
     def __iter__(self) -> SingleProcessIterator:
@@ -51,6 +56,8 @@ class SingleProcessIterator:
             except StopIteration:
                 self._stats.ended(entered)
                 epoch.finish()
+                if self._tuner is not None:
+                    self._tuner.epoch_done(self._stats, self._stats.last - self._created)
                 raise
             if skipped is not None:
                 epoch.skip(k, skipped)  # raises past the cap

@@ -81,7 +81,10 @@ class RngGuard:
     did not depend on them, so its batch stands and later ones run in parallel; if a state
     moved, the dataset draws, and that batch and every later one is fetched again seeded,
     under the lock, one at a time (use process workers for parallel augmentation). One lock
-    for the whole process, since the RNGs are process-wide.
+    for the whole process, since the RNGs are process-wide. After a seeded batch the main
+    thread's own streams go on, as in process; a training loop that draws from the global
+    RNGs *while* a batch is seeded takes from that batch's stream, so with a dataset that
+    draws, only process workers keep batches and loop apart.
     """
 
     lock = threading.Lock()
