@@ -58,6 +58,10 @@ def main() -> None:
         contenders["stoker (numpy) persistent"] = epoch(
             stoker.DataLoader(stoker.TensorDataset(x, y), **keep)
         )
+        # Left to choose, stoker loads these batches in process after one epoch of workers.
+        contenders["stoker (numpy) num_workers=auto"] = epoch(
+            stoker.DataLoader(stoker.TensorDataset(x, y), **{**kw, "num_workers": "auto"})
+        )
     contenders = peers.add(
         contenders,
         {
