@@ -170,6 +170,22 @@ def test_auto_goes_back_to_workers_when_in_process_is_slower() -> None:
     ]
 
 
+@pytest.mark.parametrize(("busy_s", "tried"), [(0.5, True), (0.95, False)])
+def test_auto_tries_in_process_only_when_workers_idle(busy_s: float, tried: bool) -> None:
+    """Workers busy most of an epoch are its bottleneck (more would help): no trial then,
+    even when a batch's load plus the loop's time is below the time per batch."""
+    from stoker._autotune import Autotuner
+    from stoker._stats import StatsRecorder
+
+    tuner = Autotuner(1, 4, 2, True, False, shared_memory=True, in_process=True)
+    rec = StatsRecorder(1, batched=True)
+    rec.batches, rec.busy, rec.wait = 100, [busy_s], 0.999
+    rec.start, rec.last = 0.0, 1.0  # 10 ms a batch; a batch loads in 5 or 9.5 ms
+    tuner.epoch_done(rec, seconds=1.0)
+    assert (tuner.workers == 0) is tried
+    assert bool(tuner.decisions) is tried
+
+
 @pytest.mark.parametrize("kw", [{"worker_init_fn": print}, {"timeout": 30}], ids=str)
 def test_auto_stays_with_workers_that_in_process_could_not_replace(kw: dict[str, Any]) -> None:
     """With worker_init_fn (it would not run) or timeout (the main process cannot time itself

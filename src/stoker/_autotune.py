@@ -18,12 +18,13 @@ The rule, per window of batches (one batch per worker, and at least ``_MIN_WINDO
 4. Else, with ``prefetch_factor="auto"``, deepen the window by one (up to ``_MAX_PREFETCH``).
 
 Workers are not always faster: batches that load in microseconds (rows gathered from
-in-memory arrays) cost more to send than to make. So at the end of an epoch with workers,
-if a batch's load time plus the loop's own time per batch (what loading in process would
-take) is below the time per batch the workers achieved, by ``_MIN_GAIN``, the next epoch
-runs in process as a trial; it stays there only if it was faster, else the worker count
-comes back. Not with ``worker_init_fn`` (it would not run) or ``timeout`` (the main
-process cannot time itself out).
+in-memory arrays) cost more to send than to make. So at the end of an epoch with workers
+that were busy less than ``_BUSY_SHARE`` of it (more of them would not help), if a batch's
+load time plus the loop's own time per batch (what loading in process would take) is below
+the time per batch the workers achieved, by ``_MIN_GAIN``, the next epoch runs in process
+as a trial; it stays there only if it was faster, else the worker count comes back. Not
+with ``worker_init_fn`` (it would not run) or ``timeout`` (the main process cannot time
+itself out).
 
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
 delivered in order, whichever worker made it. Every decision is logged (logger
@@ -78,6 +79,8 @@ _MAX_CAPACITY = 32
 """At most this many workers, whatever the CPU count."""
 _MIN_EPOCH_BATCHES = 8
 """Fewest batches an epoch needs to count in the in-process comparison."""
+_BUSY_SHARE = 0.8
+"""Workers busier than this share of an epoch are the bottleneck: more, not none, help."""
 
 
 class Autotuner:
@@ -242,13 +245,14 @@ class Autotuner:
             return
         load = sum(rec.busy) / rec.batches
         loop = max(0.0, rec.last - rec.start - rec.wait) / rec.batches  # outside __next__
-        if (load + loop) * (1 + _MIN_GAIN) < per_batch:
+        busy = load / (self.workers * per_batch)
+        if busy < _BUSY_SHARE and (load + loop) * (1 + _MIN_GAIN) < per_batch:
             self._trial = (self.workers, per_batch)
             self.workers = 0
             self.decide(
                 f"try in process next epoch: a batch loads in {load * 1e6:.0f} us and the "
-                f"loop takes {loop * 1e6:.0f} us, but {self._trial[0]} workers delivered one "
-                f"every {per_batch * 1e6:.0f} us"
+                f"loop takes {loop * 1e6:.0f} us, but {self._trial[0]} workers, busy "
+                f"{busy:.0%} of the time, delivered one every {per_batch * 1e6:.0f} us"
             )
 
     def _open(self, rec: StatsRecorder, pids: list[int], skip: int = 0) -> None:
