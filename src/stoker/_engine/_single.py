@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 
 class SingleProcessIterator:
-    """One epoch of a DataLoader with ``num_workers=0``, batch by batch on ``__next__``.
+    """One epoch of a DataLoader loading in the main process (``num_workers=0``, or
+    ``"auto"`` having chosen it), batch by batch on ``__next__``.
 
     Before batch ``k`` is fetched, the global RNGs are seeded from (seed, epoch, k), exactly
     as a worker would seed them, so augmentations match those of any worker count; after
