@@ -157,6 +157,28 @@ def test_seeded_augmentations_do_not_depend_on_workers() -> None:
     assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
 
 
+def test_thread_workers_hand_the_main_threads_rng_streams_back() -> None:
+    """After thread workers seeded the process's RNGs for batches, the main thread's streams
+    follow its own seeds again: torch's (which these samples do not draw from) is exactly
+    where torch.manual_seed left it."""
+    torch = pytest.importorskip("torch")
+
+    def after(user_seed: int) -> tuple[list[Any], float, float]:
+        random.seed(user_seed)
+        torch.manual_seed(user_seed)
+        loader = DataLoader(
+            WhoAmI(), batch_size=2, num_workers=2, worker_mode="thread", generator=0
+        )
+        batches = [b[:, [0, 3, 4]].tolist() for b in loader]  # the loop draws nothing
+        return batches, random.random(), torch.rand(()).item()
+
+    first, second = after(1), after(2)
+    assert first[0] == second[0]  # the batches follow the loader's seed
+    assert first[1] != second[1]
+    torch.manual_seed(1)
+    assert first[2] == torch.rand(()).item()
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("kw", MODES)
 def test_iterable_dataset_sharded_per_worker(kw: dict[str, Any]) -> None:
