@@ -191,6 +191,26 @@ def test_tensor_dataset_getitems_is_a_column_batch() -> None:
     assert np.array_equal(gx, x[[5, 5, 0]]) and gy.tolist() == [50, 50, 0]
 
 
+def test_tensor_columns_gather_as_torch_indexes_them() -> None:
+    """Tensor columns gather to new tensors equal to torch's indexing, whatever the dtype,
+    strides or grad: through NumPy where it can, by torch where it cannot (bfloat16, grad)."""
+    torch = pytest.importorskip("torch")
+    base = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    cols = [
+        base,
+        base.t().contiguous().t(),  # column-major strides
+        base.to(torch.bool),
+        base.to(torch.bfloat16),
+        base.clone().requires_grad_(),
+    ]
+    idx = np.array([5, 0, 3, 3])
+    for col, got in zip(cols, ColumnBatch(cols, idx).gather(), strict=True):
+        want = col[torch.from_numpy(idx)]
+        assert type(got) is torch.Tensor and got.dtype == col.dtype
+        assert torch.equal(got, want) and got.requires_grad == col.requires_grad
+        assert got.data_ptr() != col.data_ptr()
+
+
 def test_tensor_dataset_getitems_out_of_range_raises_index_error() -> None:
     """A batch index outside [-len, len) raises IndexError naming it."""
     ds = TensorDataset(*_arrays())

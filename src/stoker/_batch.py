@@ -80,36 +80,45 @@ class ColumnBatch(Sequence[Any]):
     def gather(self, alloc: Alloc | None = None) -> list[Any]:
         """Each source's rows at ``indices``, one array or tensor per source.
 
+        A CPU tensor is gathered through a NumPy view of its memory (``take`` costs less
+        than half of ``index_select`` for small batches) and comes back a tensor.
+
         Args:
             alloc: where to write each gathered column; by default fresh memory.
         """
         out = []
+        torch: Any = _torch.loaded()  # imported whenever a source is a tensor
         for src in self.sources:
-            if _torch.is_tensor(src):
-                out.append(_gather_tensor(src, self.indices, alloc))
+            tensor = torch is not None and isinstance(src, torch.Tensor)
+            arr = _cpu_view(src) if tensor else np.asarray(src)
+            if arr is None:
+                out.append(_gather_tensor(src, self.indices))
+                continue
+            # take, not arr[indices]: NumPy's fancy indexing of rows is ~4x slower
+            if alloc is None:
+                col = arr.take(self.indices, axis=0)
             else:
-                # take, not arr[indices]: NumPy's fancy indexing of rows is ~4x slower
-                arr = np.asarray(src)
-                if alloc is None:
-                    out.append(arr.take(self.indices, axis=0))
-                else:
-                    buf = alloc((len(self.indices), *arr.shape[1:]), arr.dtype)
-                    # "wrap", not "raise": with out=, "raise" goes through a temporary copy
-                    arr.take(self.indices, axis=0, out=buf, mode="wrap")
-                    out.append(buf)
+                col = alloc((len(self.indices), *arr.shape[1:]), arr.dtype)
+                # "wrap", not "raise": with out=, "raise" goes through a temporary copy
+                arr.take(self.indices, axis=0, out=col, mode="wrap")
+            out.append(torch.from_numpy(col) if tensor else col)
         return out
 
 
-def _gather_tensor(src: Any, indices: np.ndarray[Any, Any], alloc: Alloc | None) -> Any:
-    torch = _torch.loaded()
-    assert torch is not None  # a tensor exists, so torch is imported
-    idx = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64))
-    if alloc is None or src.device.type != "cpu":
-        return src.index_select(0, idx.to(src.device))
+def _cpu_view(t: Any) -> np.ndarray[Any, Any] | None:
+    """The memory of CPU tensor ``t`` as a NumPy array (no copy), or None: on another
+    device, needing grad, or of a dtype NumPy lacks (bfloat16...)."""
+    if t.device.type != "cpu" or t.requires_grad:
+        return None
     try:
-        np_dtype = torch.empty((), dtype=src.dtype).numpy().dtype
-    except TypeError:  # a dtype NumPy lacks (bfloat16 ...): gather into fresh memory
-        return src.index_select(0, idx)
-    buf = torch.from_numpy(alloc((len(indices), *src.shape[1:]), np_dtype))
-    torch.index_select(src, 0, idx, out=buf)
-    return buf
+        view: np.ndarray[Any, Any] = t.numpy()
+    except (TypeError, RuntimeError):
+        return None
+    return view
+
+
+def _gather_tensor(src: Any, indices: np.ndarray[Any, Any]) -> Any:
+    """``src``'s rows at ``indices`` by torch, on ``src``'s device, in fresh memory."""
+    torch: Any = _torch.loaded()
+    idx = torch.from_numpy(np.ascontiguousarray(indices, dtype=np.int64))
+    return src.index_select(0, idx.to(src.device))
