@@ -8,13 +8,16 @@ seed, a ``numpy.random.Generator`` or a ``torch.Generator``.
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from stoker import _torch
 
 _SEED_BOUND = 2**63 - 1
+
+T = TypeVar("T")
 
 GeneratorLike = Any
 """None, an int seed, a ``numpy.random.Generator`` or a ``torch.Generator``."""
@@ -144,41 +147,32 @@ def _has_accelerators(torch: Any) -> bool:
     )
 
 
-Streams = tuple[int, int, Any]
-"""What :func:`set_aside_streams` kept of the caller's global RNGs."""
+def call_seeded(seed: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` with the global RNGs seeded from ``seed`` (:func:`seed_globals`), in
+    the main process: the caller's own streams go on afterwards, so a training loop's
+    randomness follows the seeds its user set (``torch.manual_seed``...), not the
+    loader's batch seeds.
 
+    Python's and NumPy's streams are reseeded from one draw of their own (saving their
+    2.5 KB states would cost 10 and 70 microseconds); torch's CPU state is kept whole.
 
-def set_aside_streams() -> Streams:
-    """Before the main process seeds the global RNGs for a batch: what
-    :func:`resume_streams` needs to continue the caller's own streams afterwards.
-
-    Python's and NumPy's streams give one draw each (saving their 2.5 KB states would cost
-    10 and 70 microseconds); torch's CPU state is kept whole (a microsecond).
-    """
-    torch = _torch.loaded()
-    return (
-        random.getrandbits(64),
-        int(np.random.random_sample() * 2**32),
-        torch.default_generator.get_state() if torch is not None else None,
-    )
-
-
-def resume_streams(kept: Streams) -> None:
-    """Put the caller's streams back after a batch: Python's and NumPy's reseeded from
-    their own draws, torch's restored. A training loop's randomness then follows the
-    seeds its user set (``torch.manual_seed``...), not the loader's batch seeds.
-
-    >>> random.seed(3); kept = set_aside_streams(); seed_globals(9); resume_streams(kept)
-    >>> a = random.random()
-    >>> random.seed(3); kept = set_aside_streams(); resume_streams(kept); a == random.random()
+    >>> random.seed(3); batch = call_seeded(9, random.random); after = random.random()
+    >>> batch == call_seeded(9, random.random)  # the batch's draws follow its seed
+    True
+    >>> random.seed(3); _ = call_seeded(5, random.random); after == random.random()
     True
     """
-    py, np_seed, torch_state = kept
-    random.seed(py)
-    np.random.seed(np_seed)
     torch = _torch.loaded()
-    if torch_state is not None and torch is not None:
-        torch.default_generator.set_state(torch_state)
+    py, np_seed = random.getrandbits(64), int(np.random.random_sample() * 2**32)
+    torch_state = torch.default_generator.get_state() if torch is not None else None
+    try:
+        seed_globals(seed)
+        return fn(*args)
+    finally:
+        random.seed(py)
+        np.random.seed(np_seed)
+        if torch is not None:
+            torch.default_generator.set_state(torch_state)
 
 
 def globals_untouched(seed: int) -> bool:

@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stoker._engine._pin import pin
-from stoker._random import mix_seed, resume_streams, seed_globals, set_aside_streams
+from stoker._random import call_seeded, mix_seed
 from stoker._stats import StatsRecorder
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ class SingleProcessIterator:
 
     Before batch ``k`` is fetched, the global RNGs are seeded from (seed, epoch, k), exactly
     as a worker would seed them, so augmentations match those of any worker count; after
-    it, the caller's own streams go on (see :func:`~stoker._random.resume_streams`), so the
+    it, the caller's own streams go on (see :func:`~stoker._random.call_seeded`), so the
     training loop's randomness still follows the seeds its user set. With
     ``skip_errors``, a batch whose samples all failed is dropped (the next one is fetched).
     """
@@ -48,12 +48,8 @@ class SingleProcessIterator:
         while True:
             try:
                 k, task = next(epoch.tasks)
-                kept = set_aside_streams()
-                try:
-                    seed_globals(mix_seed(epoch.seed, epoch.number, k))
-                    data, skipped = self._fetch(task)
-                finally:
-                    resume_streams(kept)
+                seed = mix_seed(epoch.seed, epoch.number, k)
+                data, skipped = call_seeded(seed, self._fetch, task)
             except StopIteration:
                 self._stats.ended(entered)
                 epoch.finish()

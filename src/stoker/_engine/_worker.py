@@ -56,13 +56,7 @@ from stoker._engine._transport import (
     unpack_task,
 )
 from stoker._fetch import IterableFetcher, MapFetcher
-from stoker._random import (
-    batch_seeds,
-    globals_untouched,
-    resume_streams,
-    seed_globals,
-    set_aside_streams,
-)
+from stoker._random import batch_seeds, call_seeded, globals_untouched, seed_globals
 from stoker._worker_info import WorkerInfo, set_worker_info
 
 _PR_SET_PDEATHSIG = 1
@@ -123,12 +117,7 @@ class RngGuard:
         with self._cond:  # no unseeded fetch may draw from a seeded batch's stream
             self._cond.wait_for(lambda: self._probing == 0)
         with self.lock:  # the main thread's streams go on after it (as in process)
-            kept = set_aside_streams()
-            try:
-                seed_globals(seed)
-                return seeded(task)
-            finally:
-                resume_streams(kept)
+            return call_seeded(seed, seeded, task)
 
 
 def _rng_states() -> tuple[Any, ...]:
