@@ -195,23 +195,31 @@ class Arena:
             # The first batch of this worker: its size is unknown until collate ends, so
             # guess from its first leaf; a wrong guess costs one copy (see encode()).
             self.current = self._create(nbytes + nbytes // 4 + _FIRST_SLOT_HEADROOM)
-        slot = self.current
-        if slot is None or slot.used + nbytes > slot.size:
+        got = self._reserve(nbytes)
+        if got is None:
             return np.empty(shape, dtype)
-        start = slot.used
-        slot.used = _round_up(start + nbytes, ALIGN)
+        slot, start = got
         arr = np.ndarray(shape, dtype, slot.buf, start)
         self.placed[id(arr)] = (arr, start)  # the transport finds it here, not by address
         return arr
 
     def bump(self, nbytes: int) -> np.ndarray[Any, Any] | None:
         """``nbytes`` of the current slot as a uint8 array, or None when they do not fit."""
+        got = self._reserve(nbytes)
+        if got is None:
+            return None
+        slot, start = got
+        return slot.buf[start : start + nbytes]
+
+    def _reserve(self, nbytes: int) -> tuple[Slot, int] | None:
+        """The current slot and the offset of ``nbytes`` taken from it, or None when they
+        do not fit (the next leaf starts on an ``ALIGN`` boundary)."""
         slot = self.current
         if slot is None or slot.used + nbytes > slot.size:
             return None
         start = slot.used
         slot.used = _round_up(start + nbytes, ALIGN)
-        return slot.buf[start : start + nbytes]
+        return slot, start
 
     def offset_of(self, addr: int, nbytes: int) -> int | None:
         """The offset of memory at ``addr`` inside the current slot, or None if outside."""
