@@ -6,8 +6,12 @@ shared-memory transport); a few run once under spawn.
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import multiprocessing.util
 import os
 import random
+import sys
 import threading
 import time
 import traceback
@@ -612,3 +616,44 @@ def test_slow_first_batch_starts_every_worker_in_the_next_epoch() -> None:
     it = iter(loader)
     assert it._pool._next_start == 2
     assert len(list(it)) == 4
+
+
+_LINGER_S = 30.0
+
+
+def _linger_at_exit(release: Any, wid: int) -> None:
+    """worker_init_fn: the worker's exit waits (bounded) until ``release`` is set."""
+    multiprocessing.util.Finalize(None, release.wait, args=(_LINGER_S,), exitpriority=0)
+
+
+def _fork_warnings(loader: DataLoader[Any]) -> list[str]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert len(list(loader)) == 5
+    return [str(w.message) for w in seen if "use of fork()" in str(w.message)]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="Python 3.12 added the warning")
+@pytest.mark.timeout(120, method="signal")  # no timer thread: it would make the warning real
+def test_forking_beside_reaper_threads_does_not_warn() -> None:
+    """Python 3.12+ warns when fork() runs beside other threads; stoker's reapers (joining
+    the last epoch's exiting workers) are no such risk and stay quiet, a user's thread not."""
+    release = multiprocessing.get_context("fork").Event()
+    loader = DataLoader(
+        _data(10),
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context="fork",
+        worker_init_fn=functools.partial(_linger_at_exit, release),
+    )
+    user_thread = threading.Thread(target=release.wait, args=(_LINGER_S,))
+    try:
+        assert _fork_warnings(loader) == []  # no thread but the main one at the first fork
+        assert any(t.name == "stoker-reaper" for t in threading.enumerate())
+        assert _fork_warnings(loader) == []  # beside the reapers of the lingering workers
+        user_thread.start()
+        assert len(_fork_warnings(loader)) >= 1  # beside a thread of the user's
+    finally:
+        release.set()
+        if user_thread.is_alive():
+            user_thread.join(_LINGER_S)

@@ -35,6 +35,7 @@ import select
 import signal
 import threading
 import time
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -239,7 +240,7 @@ class ProcessPool:
             for w in todo:
                 child = self._child_ends[w.wid]
                 try:
-                    w.proc.start()
+                    _start_process(w.proc)
                 finally:
                     child.close()  # the worker holds its own copy now
                 self._next_start += 1
@@ -431,6 +432,21 @@ class ProcessPool:
         if warm and loader is not None and self._method == "fork":
             with contextlib.suppress(Exception):  # interpreter exit may have torn it down
                 _WARM[loader] = (_WARM.get(loader, []) + warm)[: self._warm_cap]
+
+
+def _start_process(proc: Any) -> None:
+    """``proc.start()``, without Python 3.12+'s warning that forking a multi-threaded
+    process may deadlock the child when the only other threads are stoker's reapers: they
+    only wait for workers' exits and hold no lock a child could need. Any other thread
+    (the user's) still gets the warning."""
+    me = threading.current_thread()
+    ours = all(t is me or t in _REAPERS for t in threading.enumerate())
+    if not _REAPERS or not ours:
+        proc.start()
+        return
+    with warnings.catch_warnings():  # safe: no other thread warns meanwhile
+        warnings.filterwarnings("ignore", r".*multi-threaded, use of fork\(\)", DeprecationWarning)
+        proc.start()
 
 
 def _said_bye(w: _ProcWorker, deadline: float) -> bool:
