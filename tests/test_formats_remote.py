@@ -1,15 +1,18 @@
 """Remote shards and LMDB files through fsspec: memory://, a local HTTP server, and a real
-S3-compatible server (moto) on loopback, with 2 workers."""
+S3-compatible server (moto) on loopback reached through ``storage_options``, with 2 workers
+forked, spawned and started by a forkserver."""
 
 from __future__ import annotations
 
 import functools
 import http.server
 import os
+import pickle
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,14 +20,25 @@ import pytest
 fsspec = pytest.importorskip("fsspec")
 
 import stoker  # noqa: E402
-from stoker.formats import LMDBDataset, LMDBWriter, ShardDataset, ShardIterable, ShardWriter  # noqa: E402
+from stoker.formats import (  # noqa: E402
+    LMDBDataset,
+    LMDBWriter,
+    ShardDataset,
+    ShardIterable,
+    ShardWriter,
+    inspect,
+)
 
 _SERVER_STOP_S = 10.0
 
 
-def write_numbers(pattern: str, n: int, maxcount: int) -> list[str]:
+def write_numbers(
+    pattern: str, n: int, maxcount: int, storage_options: Mapping[str, Any] | None = None
+) -> list[str]:
     """Shards of samples (an int16 pair as .npy, i as .cls)."""
-    with ShardWriter(pattern, maxcount=maxcount, fields=["npy", "cls"]) as w:
+    with ShardWriter(
+        pattern, maxcount=maxcount, fields=["npy", "cls"], storage_options=storage_options
+    ) as w:
         for i in range(n):
             w.write((np.array([i, -i], dtype=np.int16), i))
     return w.shards
@@ -63,30 +77,27 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def s3_bucket() -> Iterator[str]:
-    """A moto S3 server on 127.0.0.1 with bucket 'stoker'; skipped without moto/s3fs."""
+def s3_bucket() -> Iterator[tuple[str, dict[str, Any]]]:
+    """A moto S3 server on 127.0.0.1 with bucket 'stoker': (bucket URL, storage_options).
+
+    The endpoint and credentials are given only in the storage_options (neither
+    ``fsspec.config.conf`` nor AWS_* variables), so whatever lacks them misses the server.
+    Skipped without moto/s3fs.
+    """
     moto_server = pytest.importorskip("moto.server", reason="needs moto[server]")
     pytest.importorskip("s3fs", reason="needs s3fs")
     port = _free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    saved = dict(fsspec.config.conf.get("s3", {}))
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    old_env = {k: os.environ.get(k) for k in (*env, "AWS_DEFAULT_REGION")}
-    os.environ.update(env, AWS_DEFAULT_REGION="us-east-1")
-    fsspec.config.conf["s3"] = {"endpoint_url": endpoint, "anon": False}
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{port}",
+        "key": "testing",
+        "secret": "testing",
+    }
     try:
-        fs = fsspec.filesystem("s3")
-        fs.mkdir("stoker")
-        yield "s3://stoker"
+        fsspec.filesystem("s3", **options).mkdir("stoker")  # the instance the tests reuse
+        yield "s3://stoker", options
     finally:
-        fsspec.config.conf["s3"] = saved
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()
 
 
@@ -127,14 +138,80 @@ def test_http_streaming_and_cached_map_reads(http_root: tuple[str, Path], tmp_pa
 
 
 @pytest.mark.multiprocess
-def test_s3_shards_with_two_workers(s3_bucket: str) -> None:
+def test_s3_shards_with_two_workers(s3_bucket: tuple[str, dict[str, Any]]) -> None:
     """Shards on the S3-compatible server: written, then read with 2 workers, both readers."""
-    shards = write_numbers(f"{s3_bucket}/train/s-%03d.tar", 24, maxcount=5)
+    bucket, options = s3_bucket
+    shards = write_numbers(f"{bucket}/train/s-%03d.tar", 24, maxcount=5, storage_options=options)
     assert len(shards) == 5
-    ds = ShardDataset(f"{s3_bucket}/train/s-{{000..004}}.tar")  # byte-range reads
+    # Byte-range reads.
+    ds = ShardDataset(f"{bucket}/train/s-{{000..004}}.tar", storage_options=options)
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=list)
     got = [y for batch in loader for _, y in batch]
     assert got == list(range(24))
-    it = ShardIterable(f"{s3_bucket}/train/", buffer_size=4)
+    it = ShardIterable(f"{bucket}/train/", buffer_size=4, storage_options=options)
     streamed = [int(y) for _, ys in stoker.DataLoader(it, batch_size=3, num_workers=2) for y in ys]
     assert sorted(streamed) == list(range(24))
+
+
+@pytest.mark.multiprocess
+def test_s3_storage_options_reach_spawned_workers(s3_bucket: tuple[str, dict[str, Any]]) -> None:
+    """Workers started by spawn and by a forkserver reach the server through the dataset's
+    storage_options alone: no fsspec config or AWS_* variable names it (see s3_bucket)."""
+    bucket, options = s3_bucket
+    write_numbers(f"{bucket}/spawn/s-%03d.tar", 10, maxcount=4, storage_options=options)
+    ds = ShardDataset(f"{bucket}/spawn/", storage_options=options)
+    loader = stoker.DataLoader(
+        ds, batch_size=4, num_workers=2, collate_fn=list, multiprocessing_context="spawn"
+    )
+    assert [y for batch in loader for _, y in batch] == list(range(10))
+    it = ShardIterable(f"{bucket}/spawn/", buffer_size=0, storage_options=options)
+    loader = stoker.DataLoader(
+        it, batch_size=3, num_workers=2, multiprocessing_context="forkserver"
+    )
+    assert sorted(int(y) for _, ys in loader for y in ys) == list(range(10))
+
+
+def test_readers_pickle_with_storage_options(s3_bucket: tuple[str, dict[str, Any]]) -> None:
+    """ShardDataset and ShardIterable keep their storage_options through pickle and read
+    with them after loading."""
+    bucket, options = s3_bucket
+    write_numbers(f"{bucket}/pickle/s-%03d.tar", 6, maxcount=4, storage_options=options)
+    ds = pickle.loads(pickle.dumps(ShardDataset(f"{bucket}/pickle/", storage_options=options)))
+    assert ds.storage_options == options
+    assert ds[5][1] == 5
+    ds._files().close()
+    it = ShardIterable(
+        f"{bucket}/pickle/", shuffle_shards=False, buffer_size=0, storage_options=options
+    )
+    it = pickle.loads(pickle.dumps(it))
+    assert it.storage_options == options
+    assert [y for _, y in it] == list(range(6))
+
+
+def test_s3_lmdb_and_inspect_with_storage_options(
+    s3_bucket: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """LMDBDataset downloads and inspect() describes S3 objects through storage_options."""
+    bucket, options = s3_bucket
+    local = tmp_path / "a.lmdb"
+    with LMDBWriter(local) as w:
+        w.write((b"payload", 3))
+    fsspec.filesystem("s3", **options).put_file(str(local), "stoker/lmdb/a.lmdb")
+    ds = LMDBDataset(f"{bucket}/lmdb/a.lmdb", cache_dir=tmp_path / "c", storage_options=options)
+    assert ds[0] == (b"payload", 3)
+    write_numbers(f"{bucket}/inspect/s-%03d.tar", 7, maxcount=4, storage_options=options)
+    text = inspect(f"{bucket}/inspect/", storage_options=options)
+    assert "2 tar shard(s)" in text and "samples: 7" in text
+
+
+def test_storage_options_must_be_a_mapping_with_str_keys(tmp_path: Path) -> None:
+    """A wrong storage_options raises TypeError naming the fix and never echoing values;
+    for a local path valid options are ignored."""
+    pattern = str(tmp_path / "s-%03d.tar")
+    write_numbers(pattern, 3, maxcount=4, storage_options={"anon": True})
+    assert ShardDataset(str(tmp_path), storage_options={"anon": True})[2][1] == 2
+    with pytest.raises(TypeError, match="must be a mapping") as info:
+        ShardIterable(str(tmp_path), storage_options=[("secret", "hunter2")])  # type: ignore[arg-type]
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(TypeError, match="keys must be str"):
+        ShardWriter(pattern, storage_options={1: "x"})  # type: ignore[dict-item]

@@ -8,7 +8,10 @@
 
 Readers never unpickle: values are raw bytes, ``.npy`` arrays (``allow_pickle=False``),
 JSON, ints or text. Writers write to a temporary name and rename on success. Remote
-paths go through fsspec (``pip install 'stoker[remote]'``); LMDB needs ``stoker[lmdb]``.
+paths go through fsspec (``pip install 'stoker[remote]'``), configured by the
+``storage_options`` argument, which the readers pickle to their workers (``spawn`` and
+``forkserver`` workers do not see the parent's ``fsspec.config.conf``); LMDB needs
+``stoker[lmdb]``.
 """
 
 from __future__ import annotations

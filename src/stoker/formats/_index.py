@@ -24,7 +24,7 @@ import json
 import os
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -216,7 +216,12 @@ def scan(url: str, f: IO[bytes], shard_bytes: int) -> ShardIndex:
     return builder.build(shard_bytes)
 
 
-def load(url: str, cache_dir: str | os.PathLike[str] | None, rebuild: bool = True) -> ShardIndex:
+def load(
+    url: str,
+    cache_dir: str | os.PathLike[str] | None,
+    storage_options: Mapping[str, Any],
+    rebuild: bool = True,
+) -> ShardIndex:
     """The index of shard ``url``: its index file if present and current, else a scan.
 
     A rebuilt index of a local shard is written beside it (atomically) when the folder is
@@ -225,17 +230,17 @@ def load(url: str, cache_dir: str | os.PathLike[str] | None, rebuild: bool = Tru
     Raises:
         FileNotFoundError: when the shard does not exist.
     """
-    if not _remote.exists(url):
+    if not _remote.exists(url, storage_options):
         raise FileNotFoundError(
             f"shard {url!r} does not exist; check the path or pattern (ShardWriter and "
             "`stoker pack --format shards` write shards)."
         )
-    shard_bytes = _remote.size(url)
+    shard_bytes = _remote.size(url, storage_options)
     idx_url = url + INDEX_SUFFIX
     index = None
-    if _remote.exists(idx_url):
+    if _remote.exists(idx_url, storage_options):
         try:
-            index = ShardIndex.from_json(url, _remote.read_bytes(idx_url))
+            index = ShardIndex.from_json(url, _remote.read_bytes(idx_url, storage_options))
         except (ValueError, KeyError, TypeError):
             index = None  # unreadable: rebuilt below
         if index is not None and index.shard_bytes == shard_bytes:
@@ -243,7 +248,7 @@ def load(url: str, cache_dir: str | os.PathLike[str] | None, rebuild: bool = Tru
     if not rebuild:
         raise FileNotFoundError(f"shard {url!r} has no current index {idx_url!r}.")
     meta = index.meta if index is not None else {}  # a stale index keeps the writer's meta
-    with _remote.open_stream(url, cache_dir) as f:
+    with _remote.open_stream(url, cache_dir, storage_options) as f:
         index = scan(url, f, shard_bytes)
     index.meta = meta
     if not _remote.is_remote(url):

@@ -264,6 +264,9 @@ class LMDBDataset(Dataset[Any]):
         target_transform: applied to the second entry.
         decode: decode image bytes to RGB PIL images (default: when a transform is given).
         cache_dir: local folder for remote files (default: a ``stoker`` temp folder).
+        storage_options: keyword arguments for the fsspec filesystem of a remote ``path``
+            (an endpoint, credentials ...); ignored for a local one. Only this constructor
+            downloads; workers read the local copy and need no options.
 
     Attributes:
         keys: the sample keys (a NumPy array of byte strings).
@@ -284,13 +287,14 @@ class LMDBDataset(Dataset[Any]):
         target_transform: Callable[[Any], Any] | None = None,
         decode: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         url = os.fspath(path)
         if _remote.is_remote(url) and cache_dir is None:
             import tempfile
 
             cache_dir = os.path.join(tempfile.gettempdir(), "stoker-cache")
-        local = _remote.cached(url, cache_dir)
+        local = _remote.cached(url, cache_dir, _remote.check_storage_options(storage_options))
         assert local is not None
         if not os.path.exists(local):
             raise FileNotFoundError(

@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -261,12 +261,19 @@ def _pack_shards(
     ]
 
 
-def inspect(path: str | os.PathLike[str], *, samples: int = 3) -> str:
+def inspect(
+    path: str | os.PathLike[str],
+    *,
+    samples: int = 3,
+    storage_options: Mapping[str, Any] | None = None,
+) -> str:
     """A text description of an LMDB file or a set of shards: count, keys, fields, sizes.
 
     Args:
         path: an LMDB file, a shard, a folder of shards, a pattern or a URL.
         samples: how many keys to show.
+        storage_options: keyword arguments for the fsspec filesystem of a remote ``path``
+            (an endpoint, credentials ...); ignored for a local one.
     """
     url = os.fspath(path)
     local = None if _remote.is_remote(url) else _remote.local_path(url)
@@ -278,7 +285,7 @@ def inspect(path: str | os.PathLike[str], *, samples: int = 3) -> str:
         and os.path.exists(os.path.join(local, "data.mdb"))
     ):
         return _inspect_lmdb(local, samples)
-    return _inspect_shards(url, samples)
+    return _inspect_shards(url, samples, storage_options)
 
 
 def _field_lines(sizes: dict[str, list[int]], codecs: dict[str, str]) -> list[str]:
@@ -317,10 +324,10 @@ def _inspect_lmdb(path: str, samples: int) -> str:
     return "\n".join(lines + _field_lines(sizes, meta.get("codecs", {})))
 
 
-def _inspect_shards(url: str, samples: int) -> str:
+def _inspect_shards(url: str, samples: int, storage_options: Mapping[str, Any] | None) -> str:
     from stoker.formats._tar import ShardDataset
 
-    ds = ShardDataset(url)
+    ds = ShardDataset(url, storage_options=storage_options)
     sizes: dict[str, list[int]] = {}
     for ix in ds.indexes:
         field = np.asarray(ix.field)

@@ -7,6 +7,11 @@ downloaded once, whole, to ``cache_dir/<hash>-<name>`` (through a temporary name
 reader never sees half a file) and then read locally; without one, reads go to the remote
 store (byte ranges for random access, a stream for sequential reads).
 
+Every function that may open a URL takes ``storage_options``: keyword arguments for the
+fsspec filesystem (an endpoint, credentials ...), ignored for local paths. The readers keep
+them and pickle them to their workers, which under ``spawn`` and ``forkserver`` see neither
+the parent's ``fsspec.config.conf`` nor environment variables set after start-up.
+
 Temporary files are named ``.NAME.stoker-tmp-PID-RANDOM`` beside their final name, so that
 a later writer can remove those whose process died (:func:`sweep_stale`).
 """
@@ -20,7 +25,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
 from stoker._engine._shm import pid_alive
@@ -51,8 +56,36 @@ def local_path(url: str) -> str:
     return os.path.expanduser(url)
 
 
-def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem and in-filesystem path of a remote ``url``.
+def check_storage_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``storage_options`` for an object to keep (and pickle): a dict, {} for None.
+
+    >>> check_storage_options(None), check_storage_options({"anon": True})
+    ({}, {'anon': True})
+
+    Raises:
+        TypeError: when it is not a mapping with str keys (the message never shows values,
+            which may be credentials).
+    """
+    if storage_options is None:
+        return {}
+    if not isinstance(storage_options, Mapping):
+        raise TypeError(
+            "storage_options must be a mapping of fsspec filesystem arguments (e.g. "
+            f"{{'endpoint_url': 'http://127.0.0.1:9000'}}), got a "
+            f"{type(storage_options).__name__}; pass a dict, or None for fsspec's defaults."
+        )
+    for key in storage_options:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"storage_options keys must be str (fsspec argument names), got {key!r} "
+                f"(a {type(key).__name__}); name the argument as a string."
+            )
+    return dict(storage_options)
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
+    """The fsspec filesystem and in-filesystem path of a remote ``url``, made with the
+    keyword arguments ``storage_options`` (none: fsspec's configuration and defaults).
 
     Raises:
         ModuleNotFoundError: when fsspec (or the protocol's package) is not installed.
@@ -64,7 +97,7 @@ def filesystem(url: str) -> tuple[Any, str]:
             f"reading {url!r} needs fsspec: `pip install 'stoker[remote]'` (plus the "
             "protocol's package, e.g. s3fs, gcsfs or aiohttp for http)."
         ) from exc
-    fs, path = fsspec.core.url_to_fs(url)
+    fs, path = fsspec.core.url_to_fs(url, **storage_options)
     return fs, path
 
 
@@ -96,7 +129,9 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 def expand(
-    urls: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], suffix: str
+    urls: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    suffix: str,
+    storage_options: Mapping[str, Any],
 ) -> list[str]:
     """The shard URLs named by ``urls``: a list, a brace range, a glob, or a directory.
 
@@ -111,7 +146,7 @@ def expand(
     out: list[str] = []
     for item in items:
         for name in expand_braces(item):
-            out.extend(_expand_one(name, suffix))
+            out.extend(_expand_one(name, suffix, storage_options))
     if not out:
         raise FileNotFoundError(
             f"no shard found for {urls!r}: pass shard paths or URLs, a brace range "
@@ -120,9 +155,9 @@ def expand(
     return out
 
 
-def _expand_one(name: str, suffix: str) -> list[str]:
+def _expand_one(name: str, suffix: str, storage_options: Mapping[str, Any]) -> list[str]:
     if is_remote(name):
-        fs, path = filesystem(name)
+        fs, path = filesystem(name, storage_options)
         if any(c in path for c in "*?["):
             return sorted(_with_protocol(name, p) for p in fs.glob(path))
         if fs.isdir(path):
@@ -141,32 +176,36 @@ def _expand_one(name: str, suffix: str) -> list[str]:
     return [path]
 
 
-def exists(url: str) -> bool:
+def exists(url: str, storage_options: Mapping[str, Any]) -> bool:
     """Whether ``url`` names an existing file."""
     if not is_remote(url):
         return os.path.isfile(local_path(url))
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, storage_options)
     return bool(fs.exists(path))
 
 
-def size(url: str) -> int:
+def size(url: str, storage_options: Mapping[str, Any]) -> int:
     """The size of the file at ``url`` in bytes."""
     if not is_remote(url):
         return os.path.getsize(local_path(url))
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, storage_options)
     return int(fs.size(path))
 
 
-def read_bytes(url: str) -> bytes:
+def read_bytes(url: str, storage_options: Mapping[str, Any]) -> bytes:
     """The whole file at ``url``."""
     if not is_remote(url):
         with open(local_path(url), "rb") as f:
             return f.read()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, storage_options)
     return bytes(fs.cat_file(path))
 
 
-def cached(url: str, cache_dir: str | os.PathLike[str] | None) -> str | None:
+def cached(
+    url: str,
+    cache_dir: str | os.PathLike[str] | None,
+    storage_options: Mapping[str, Any],
+) -> str | None:
     """The local file holding ``url``: itself when local, its cached copy with a
     ``cache_dir`` (downloaded now if missing), else None."""
     if not is_remote(url):
@@ -180,7 +219,7 @@ def cached(url: str, cache_dir: str | os.PathLike[str] | None) -> str | None:
     target = os.path.join(cache, f"{digest}-{base}")
     if os.path.isfile(target):
         return target
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, storage_options)
     tmp = temp_name(target)
     try:
         with fs.open(path, "rb", block_size=0) as src, open(tmp, "wb") as dst:
@@ -192,28 +231,30 @@ def cached(url: str, cache_dir: str | os.PathLike[str] | None) -> str | None:
     return target
 
 
-def open_stream(url: str, cache_dir: str | os.PathLike[str] | None) -> IO[bytes]:
+def open_stream(
+    url: str,
+    cache_dir: str | os.PathLike[str] | None,
+    storage_options: Mapping[str, Any],
+) -> IO[bytes]:
     """``url`` opened for one sequential pass (a stream when remote and not cached)."""
-    local = cached(url, cache_dir)
+    local = cached(url, cache_dir, storage_options)
     if local is not None:
         return open(local, "rb")
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, storage_options)
     # block_size=0 asks for a plain stream: http servers without range support work too.
     return fs.open(path, "rb", block_size=0)  # type: ignore[no-any-return]
 
 
-def open_random(url: str, cache_dir: str | os.PathLike[str] | None) -> IO[bytes]:
-    """``url`` opened for seek + read (byte-range requests when remote and not cached)."""
-    local = cached(url, cache_dir)
-    if local is not None:
-        return open(local, "rb")
-    fs, path = filesystem(url)
+def open_random(url: str, storage_options: Mapping[str, Any]) -> IO[bytes]:
+    """The remote ``url`` opened for seek + read (byte-range requests); for a local or
+    cached copy, open the path :func:`cached` gives."""
+    fs, path = filesystem(url, storage_options)
     return fs.open(path, "rb")  # type: ignore[no-any-return]
 
 
-def upload(local: str, url: str) -> None:
+def upload(local: str, url: str, storage_options: Mapping[str, Any]) -> None:
     """Copy the local file ``local`` to ``url`` (one object: it appears whole or not at all)."""
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, storage_options)
     fs.put_file(local, path)
 
 

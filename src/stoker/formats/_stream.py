@@ -50,11 +50,13 @@ def _rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-def group_samples(url: str, cache_dir: str | None) -> Iterator[RawSample]:
+def group_samples(
+    url: str, cache_dir: str | None, storage_options: Mapping[str, Any]
+) -> Iterator[RawSample]:
     """The samples of shard ``url`` in order, as ``({field: bytes}, url, key)``."""
     fields: dict[str, bytes] = {}
     current: str | None = None
-    with _remote.open_stream(url, cache_dir) as f:
+    with _remote.open_stream(url, cache_dir, storage_options) as f:
         for key, field, _, data in iter_members(f, url):
             if current is not None and (key != current or field in fields):
                 yield fields, url, current
@@ -123,6 +125,12 @@ class ShardIterable(IterableDataset[Any]):
         seed: the int seed, or None (see above).
         transform, target_transform, decode: as for :class:`ShardDataset`.
         cache_dir: local folder for remote shards; without it they are streamed.
+        storage_options: keyword arguments for the fsspec filesystem of remote ``urls``
+            (an endpoint, credentials ...); ignored for local paths. Kept and pickled as
+            for :class:`ShardDataset`, so ``spawn`` and ``forkserver`` workers use them.
+
+    Attributes:
+        storage_options: the options given (a dict; empty for None).
     """
 
     def __init__(
@@ -137,18 +145,20 @@ class ShardIterable(IterableDataset[Any]):
         target_transform: Callable[[Any], Any] | None = None,
         decode: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(buffer_size, int) or buffer_size < 0:
             raise ValueError(f"buffer_size must be a non-negative integer, got {buffer_size!r}.")
         if seed is not None:
             _random.check_generator(seed, "seed")
-        self.urls = _remote.expand(urls, ".tar")
+        self.storage_options = _remote.check_storage_options(storage_options)
+        self.urls = _remote.expand(urls, ".tar", self.storage_options)
         self.shuffle_shards = shuffle_shards
         self.buffer_size = buffer_size
         self.seed = seed
         self.epoch = 0
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        meta = _first_meta(self.urls[0])
+        meta = _first_meta(self.urls[0], self.storage_options)
         spec = list(fields) if fields is not None else list(meta.get("spec", [DICT_SPEC]))
         kind = meta.get("kind", "dict") if fields is None else spec_kind(spec, None)
         self.classes: list[str] = list(meta.get("extra", {}).get("classes", []))
@@ -186,7 +196,7 @@ class ShardIterable(IterableDataset[Any]):
         def samples() -> Iterator[RawSample]:
             n = 0
             for url in urls:
-                for sample in group_samples(url, self.cache_dir):
+                for sample in group_samples(url, self.cache_dir, self.storage_options):
                     if stride == 1 or n % stride == cid:
                         yield sample
                     n += 1
@@ -251,12 +261,12 @@ class ShardIterable(IterableDataset[Any]):
         )
 
 
-def _first_meta(url: str) -> dict[str, Any]:
+def _first_meta(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
     """The writer's metadata from ``url``'s index file, or {} when it has none."""
     idx = url + INDEX_SUFFIX
     try:
-        if not _remote.exists(idx):
+        if not _remote.exists(idx, storage_options):
             return {}
-        return ShardIndex.from_json(url, _remote.read_bytes(idx)).meta
+        return ShardIndex.from_json(url, _remote.read_bytes(idx, storage_options)).meta
     except (ValueError, KeyError, TypeError):
         return {}

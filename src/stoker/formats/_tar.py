@@ -60,6 +60,8 @@ class ShardWriter:
         codecs: codec per field name.
         extra: JSON-serialisable metadata stored in every index (e.g. ``classes``).
         start_shard: the number of the first shard.
+        storage_options: keyword arguments for the fsspec filesystem of a remote
+            ``pattern`` (an endpoint, credentials ...); ignored for a local one.
 
     Attributes:
         shards: the names of the shards finished so far.
@@ -75,6 +77,7 @@ class ShardWriter:
         codecs: Mapping[str, str] | None = None,
         extra: Mapping[str, Any] | None = None,
         start_shard: int = 0,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         pattern = os.fspath(pattern)
         try:
@@ -93,6 +96,7 @@ class ShardWriter:
         self.maxsize = float(maxsize)
         self.layout = SampleLayout(fields, codecs)
         self.extra = dict(extra or {})
+        self.storage_options = _remote.check_storage_options(storage_options)
         self.shards: list[str] = []
         self._next = start_shard
         self._file: IO[bytes] | None = None
@@ -180,8 +184,8 @@ class ShardWriter:
         if _remote.is_remote(self._final):
             idx_tmp = self._tmp + INDEX_SUFFIX
             _index.save(index, idx_tmp)
-            _remote.upload(idx_tmp, self._final + INDEX_SUFFIX)
-            _remote.upload(self._tmp, self._final)
+            _remote.upload(idx_tmp, self._final + INDEX_SUFFIX, self.storage_options)
+            _remote.upload(self._tmp, self._final, self.storage_options)
             _remote._remove(idx_tmp)
             _remote._remove(self._tmp)
         else:
@@ -219,8 +223,9 @@ class _Handles:
     reading are closed (a use count per file, under one lock, makes that safe).
     """
 
-    def __init__(self, cache_dir: str | None) -> None:
+    def __init__(self, cache_dir: str | None, storage_options: Mapping[str, Any]) -> None:
         self.cache_dir = cache_dir
+        self.storage_options = storage_options
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.open: dict[str, _Handle] = {}
@@ -232,7 +237,7 @@ class _Handles:
             if handle is None:
                 if len(self.open) >= _MAX_OPEN:
                     self._close_idle()
-                handle = _Handle(url, self.cache_dir)
+                handle = _Handle(url, self.cache_dir, self.storage_options)
                 self.open[url] = handle
             handle.users += 1
         try:
@@ -259,15 +264,15 @@ class _Handles:
 class _Handle:
     """One open shard: a local fd, or a remote fsspec file with a lock for seek + read."""
 
-    def __init__(self, url: str, cache_dir: str | None) -> None:
-        local = _remote.cached(url, cache_dir)
+    def __init__(self, url: str, cache_dir: str | None, storage_options: Mapping[str, Any]) -> None:
+        local = _remote.cached(url, cache_dir, storage_options)
         self.users = 0
         self.fd: int | None = None
         self.file: Any = None
         if local is not None:
             self.fd = os.open(local, os.O_RDONLY)
         else:
-            self.file = _remote.open_random(url, None)
+            self.file = _remote.open_random(url, storage_options)
         self.lock = threading.Lock()
 
     def read(self, offset: int, size: int) -> bytes:
@@ -306,9 +311,14 @@ class ShardDataset(Dataset[Any]):
         cache_dir: local folder for remote shards (downloaded whole, once); without it,
             remote members are read with byte-range requests.
         verify: check each member's CRC-32 against the index.
+        storage_options: keyword arguments for the fsspec filesystem of remote ``urls``
+            (an endpoint, credentials ...); ignored for local paths. They are kept on the
+            dataset and pickled with it, so workers started by ``spawn`` or ``forkserver``,
+            which do not see the parent's ``fsspec.config.conf``, reach the same store.
 
     Attributes:
         urls: the shards. classes: the class names stored by ``stoker pack``.
+        storage_options: the options given (a dict; empty for None).
     """
 
     def __init__(
@@ -321,10 +331,14 @@ class ShardDataset(Dataset[Any]):
         decode: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         verify: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.urls = _remote.expand(urls, ".tar")
+        self.storage_options = _remote.check_storage_options(storage_options)
+        self.urls = _remote.expand(urls, ".tar", self.storage_options)
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        self.indexes: list[ShardIndex] = [_index.load(u, self.cache_dir) for u in self.urls]
+        self.indexes: list[ShardIndex] = [
+            _index.load(u, self.cache_dir, self.storage_options) for u in self.urls
+        ]
         self._cum = np.cumsum([0, *(len(ix) for ix in self.indexes)]).astype(np.int64)
         meta = next((ix.meta for ix in self.indexes if ix.meta), {})
         self.meta = meta
@@ -360,7 +374,8 @@ class ShardDataset(Dataset[Any]):
 
     def _files(self) -> _Handles:
         if self._handles is None or self._handles.pid != os.getpid():
-            self._handles = _Handles(self.cache_dir)  # a fresh set in each process
+            # A fresh set in each process.
+            self._handles = _Handles(self.cache_dir, self.storage_options)
         return self._handles
 
     def _raw(self, index: int) -> tuple[dict[str, bytes], str, str]:
