@@ -161,6 +161,26 @@ def test_seeded_augmentations_do_not_depend_on_workers() -> None:
     assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
 
 
+class _NoisyRows(TensorDataset):
+    """A TensorDataset subclass whose samples draw from NumPy's global RNG."""
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.tensors[0][index] + np.random.rand()
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_a_subclass_that_draws_is_seeded_per_batch() -> None:
+    """Only stoker's own array datasets go unseeded: a subclass's draws still come from its
+    batches' seeds, the same in process and with 1 or 3 workers, and new in each batch."""
+    ds = _NoisyRows(np.zeros(12))
+    runs = [
+        np.concatenate(list(DataLoader(ds, batch_size=3, num_workers=n, generator=7)))
+        for n in (0, 1, 3)
+    ]
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
+    assert len(set(runs[0].tolist())) == 12
+
+
 def test_thread_workers_hand_the_main_threads_rng_streams_back() -> None:
     """After thread workers seeded the process's RNGs for batches, the main thread's streams
     follow its own seeds again: torch's (which these samples do not draw from) is exactly

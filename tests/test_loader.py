@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import stoker
-from stoker import DataLoader, IterableDataset, TensorDataset
+from stoker import DataLoader, IterableDataset, Subset, TensorDataset
 from stoker._engine._pin import pin
 
 
@@ -169,6 +169,21 @@ def test_loading_in_process_leaves_the_loops_randomness_to_its_seeds() -> None:
     assert run(1) == (b1, loop1)
     torch.manual_seed(1)
     assert [t for _, _, t in loop1] == [torch.rand(()).item() for _ in loop1]
+
+
+def test_array_datasets_load_without_touching_the_global_rngs() -> None:
+    """Batches of stoker's array datasets (which draw nothing) are not seeded in process:
+    the loop's Python and NumPy streams go on as if nothing was loaded, as with torch."""
+    import random
+
+    loader = DataLoader(Subset(_data(30), range(20)), batch_size=4, shuffle=True, generator=0)
+    random.seed(3)
+    np.random.seed(3)
+    expected = (random.random(), np.random.rand())
+    random.seed(3)
+    np.random.seed(3)
+    assert len(list(loader)) == 5
+    assert (random.random(), np.random.rand()) == expected
 
 
 def test_global_seed_makes_default_shuffle_repeatable() -> None:

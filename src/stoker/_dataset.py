@@ -532,6 +532,35 @@ def random_split(
     ]
 
 
+def draws_nothing(dataset: object) -> bool:
+    """Whether loading from ``dataset`` surely draws nothing from the global RNGs, because
+    only stoker's code runs: a TensorDataset of NumPy arrays or torch tensors, or a Subset,
+    ConcatDataset or StackDataset of such (exact classes: a subclass may draw). The loader
+    need not seed the global RNGs for its batches, which for tiny ones costs more than the
+    loading.
+
+    >>> x = np.zeros((4, 2))
+    >>> draws_nothing(Subset(TensorDataset(x), [1, 2])), draws_nothing([x[0], x[1]])
+    (True, False)
+    """
+    kind = type(dataset)
+    if kind is TensorDataset:
+        torch = _torch.loaded()
+        plain = (np.ndarray, np.memmap, *((torch.Tensor,) if torch is not None else ()))
+        return all(type(t) in plain for t in dataset.tensors)  # type: ignore[attr-defined]
+    if kind is Subset:
+        indices = dataset.indices  # type: ignore[attr-defined]
+        return type(indices) in (list, tuple, range, np.ndarray) and draws_nothing(
+            dataset.dataset  # type: ignore[attr-defined]
+        )
+    if kind is ConcatDataset:
+        return all(map(draws_nothing, dataset.datasets))  # type: ignore[attr-defined]
+    if kind is StackDataset:
+        members = dataset.datasets  # type: ignore[attr-defined]
+        return all(map(draws_nothing, members.values() if isinstance(members, dict) else members))
+    return False
+
+
 class _Indices:
     """A batch of indices as an int64 array, with its list of ints made once on demand."""
 

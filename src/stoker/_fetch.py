@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from stoker._batch import Alloc
+from stoker._collate import DefaultCollate
+from stoker._dataset import draws_nothing
 
 CollateFn = Callable[[Any], Any]
 MapFn = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
@@ -48,6 +50,9 @@ class MapFetcher:
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.skip_errors = skip_errors
+        # Whether a fetch may draw from the global RNGs, so that each batch is seeded from
+        # (seed, epoch, k) first; stoker's array datasets and default collate draw nothing.
+        self.draws = not (type(collate_fn) is DefaultCollate and draws_nothing(dataset))
 
     def fetch(self, index: Any, alloc: Alloc | None = None) -> Any:
         """The collated batch for ``index``; ``alloc`` goes to stoker's default collate."""
@@ -137,6 +142,7 @@ class IterableFetcher:
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
+        self.draws = True  # the dataset's own code runs: it may draw
         self.batch_size = batch_size
         self._it: Iterator[Any] | None = None
         self.ended = False

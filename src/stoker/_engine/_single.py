@@ -21,7 +21,8 @@ class SingleProcessIterator:
     Before batch ``k`` is fetched, the global RNGs are seeded from (seed, epoch, k), exactly
     as a worker would seed them, so augmentations match those of any worker count; after
     it, the caller's own streams go on (see :func:`~stoker._random.call_seeded`), so the
-    training loop's randomness still follows the seeds its user set. With
+    training loop's randomness still follows the seeds its user set. A dataset that surely
+    draws nothing (see :func:`~stoker._dataset.draws_nothing`) is fetched unseeded. With
     ``skip_errors``, a batch whose samples all failed is dropped (the next one is fetched).
     """
 
@@ -30,7 +31,9 @@ class SingleProcessIterator:
         self._loader = loader
         self._tuner = tuner  # num_workers="auto" that chose to load in process
         self._epoch = loader._start_epoch()
-        self._fetch = loader._make_fetcher().fetch_skipping
+        fetcher = loader._make_fetcher()
+        self._fetch = fetcher.fetch_skipping
+        self._seeded = fetcher.draws
         self._pin_device = loader._resolved_pin_device()
         self._iterable = loader._iterable
         self._yielded = 0
@@ -48,8 +51,11 @@ class SingleProcessIterator:
         while True:
             try:
                 k, task = next(epoch.tasks)
-                seed = mix_seed(epoch.seed, epoch.number, k)
-                data, skipped = call_seeded(seed, self._fetch, task)
+                if self._seeded:
+                    seed = mix_seed(epoch.seed, epoch.number, k)
+                    data, skipped = call_seeded(seed, self._fetch, task)
+                else:
+                    data, skipped = self._fetch(task)
             except StopIteration:
                 self._stats.ended(entered)
                 epoch.finish()

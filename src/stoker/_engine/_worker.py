@@ -325,7 +325,8 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
                 outbox.send(reply)
             continue
         started = time.perf_counter()
-        seed_globals(seed)
+        if fetcher.draws:
+            seed_globals(seed)
         arena.begin(ahead=bool(pending))
         try:
             data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
@@ -346,7 +347,7 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
         retired = arena.take_retired()
         # For a slow batch, whether the dataset left the global RNGs alone: then its parts
         # can be loaded by several workers (see stoker._engine._tail).
-        untouched = globals_untouched(seed) if busy >= SPLIT_MIN_S else None
+        untouched = (not fetcher.draws or globals_untouched(seed)) if busy >= SPLIT_MIN_S else None
         reply = ("ok", gen, index, slot, payload, retired, busy, skipped, untouched)
         outbox.send(reply, hold=bool(pending) and busy < FAST_BATCH_S and not first)
 
@@ -373,7 +374,8 @@ def _fetch_group(
     batches: list[Any] = []
     skips: list[Any] = []
     for k_seed, task in zip(batch_seeds(base, epoch, ks), tasks, strict=True):
-        seed_globals(k_seed)
+        if fetcher.draws:
+            seed_globals(k_seed)
         skipped = None
         try:
             data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
@@ -451,7 +453,10 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
                 continue
             started = time.perf_counter()
             try:
-                data, skipped = args.rng_guard.fetch(split, task, seed, whole)
+                if fetcher.draws:
+                    data, skipped = args.rng_guard.fetch(split, task, seed, whole)
+                else:
+                    data, skipped = split(task)
                 if args.pin_device is not None and data is not None:
                     data = pin(data, args.pin_device)
             except StopIteration:
