@@ -74,7 +74,11 @@ class RngGuard:
     global RNG states are compared around each fetch: a fetch during which no state moved
     did not depend on them, so its batch stands and later ones run in parallel; if a state
     moved, the dataset draws, and that batch and every later one is fetched again seeded,
-    under the lock, one at a time (use process workers for parallel augmentation). One lock
+    under the lock, one at a time (use process workers for parallel augmentation). The
+    first fetches decide for the pool's life: a dataset that draws only for later batches
+    (some indices, later epochs) then draws unseeded, in thread order. Checking every fetch
+    would not help: the training loop's own draws (dropout) would count as the dataset's
+    and make every batch serial. Process workers have no such limit. One lock
     for the whole process, since the RNGs are process-wide. After a seeded batch the main
     thread's own streams go on, as in process; a training loop that draws from the global
     RNGs *while* a batch is seeded takes from that batch's stream, so with a dataset that
