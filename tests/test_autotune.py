@@ -157,6 +157,23 @@ def test_auto_loads_in_process_when_workers_cost_more(persistent: bool) -> None:
     ]
 
 
+@pytest.mark.multiprocess
+def test_auto_judges_persistent_workers_by_an_epoch_that_did_not_start_them() -> None:
+    """Spawned persistent workers take long to start, once: the first epoch, which waited
+    for them, does not send the loader in process (the second may: see the test above)."""
+    data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    loader: DataLoader[Any] = DataLoader(
+        TensorDataset(data),
+        batch_size=4,
+        num_workers="auto",
+        persistent_workers=True,
+        multiprocessing_context="spawn",
+    )
+    assert len(list(loader)) == 16
+    assert loader.statistics().autotune == ()
+    assert loader.statistics().num_workers == 1
+
+
 def test_auto_goes_back_to_workers_when_in_process_is_slower() -> None:
     """The in-process trial is kept only if it was faster: here the workers come back."""
     loader: DataLoader[Any] = DataLoader(SlowInProcess(), batch_size=8, num_workers="auto")

@@ -22,7 +22,9 @@ in-memory arrays) cost more to send than to make. So at the end of an epoch with
 that were busy less than ``_BUSY_SHARE`` of it (more of them would not help), if a batch's
 load time plus the loop's own time per batch (what loading in process would take) is below
 the time per batch the workers achieved, by ``_MIN_GAIN``, the next epoch runs in process
-as a trial; it stays there only if it was faster, else the worker count comes back. Not
+as a trial; it stays there only if it was faster, else the worker count comes back. Fresh
+workers are judged with their start, which every epoch pays; persistent ones by an epoch
+that started none (spawned or forkserver workers take long to start, once). Not
 with ``worker_init_fn`` (it would not run) or ``timeout`` (the main process cannot time
 itself out).
 

@@ -163,6 +163,9 @@ class MultiWorkerIterator:
         self._next_worker = 0
         self._yielded = 0
         self._began = time.perf_counter()
+        # Worker processes running before this epoch: one that starts more (the first, or
+        # one where autotune adds some) is no measure of the next (see __next__).
+        self._started_before = 0 if self._generation == 1 else len(self._pool.started_pids())
         self._stats = StatsRecorder(len(self._started), loader._auto_collation, self._gauges)
         self._stats.workers, self._stats.prefetch = self._num_workers, self._prefetch
         if self._tuner is not None:
@@ -346,7 +349,10 @@ class MultiWorkerIterator:
             if not any(self._outstanding) and (self._tasks_done or not any(self._active)):
                 self._stats.ended(entered)
                 self._epoch_state.finish()
-                if self._tuner is not None:
+                # Persistent workers start once: an epoch that started some is no measure
+                # of the next ones (fresh workers pay for their start in every epoch).
+                started = len(self._pool.started_pids()) > self._started_before
+                if self._tuner is not None and not (self._persistent and started):
                     began = self._created if self._generation == 1 else self._began
                     self._tuner.epoch_done(self._stats, self._stats.last - began)
                 self._loader._batch_profile = self._profile()  # the next epoch's tail plan
