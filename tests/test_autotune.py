@@ -175,8 +175,11 @@ def test_auto_judges_persistent_workers_by_an_epoch_that_did_not_start_them() ->
 
 
 def test_auto_goes_back_to_workers_when_in_process_is_slower() -> None:
-    """The in-process trial is kept only if it was faster: here the workers come back."""
-    loader: DataLoader[Any] = DataLoader(SlowInProcess(), batch_size=8, num_workers="auto")
+    """The in-process trial is kept only if it was faster: here the workers come back
+    (forked: a spawned or forkserver worker's start would cost more than the slow loading)."""
+    loader: DataLoader[Any] = DataLoader(
+        SlowInProcess(), batch_size=8, num_workers="auto", multiprocessing_context="fork"
+    )
     plain: DataLoader[Any] = DataLoader(SlowInProcess(), batch_size=8)
     assert _epochs(loader) == _epochs(plain, 1) * 3
     stats = loader.statistics()

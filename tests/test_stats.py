@@ -94,7 +94,13 @@ def test_statistics_do_not_keep_workers_alive() -> None:
 
 def test_input_bound_fraction_agrees_with_the_consumer() -> None:
     """The reported input-bound fraction is within 5 points of the consumer's own measure."""
-    loader = DataLoader(Rows(n=64, sleep_s=_WORKER_SLEEP_S), batch_size=4, num_workers=1)
+    # fork: a spawned or forkserver worker's start would be most of the wait.
+    loader = DataLoader(
+        Rows(n=64, sleep_s=_WORKER_SLEEP_S),
+        batch_size=4,
+        num_workers=1,
+        multiprocessing_context="fork",
+    )
     waited = 0.0
     start = time.perf_counter()
     it = iter(loader)
