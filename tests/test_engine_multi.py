@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stoker import DataLoader, IterableDataset, TensorDataset, get_worker_info
+from stoker import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
 from stoker._engine import _multi
 from stoker._engine._shm import Arena, SegmentMaps, unlink_prefix
 from stoker._engine._transport import decode, encode
@@ -179,6 +179,35 @@ def test_a_subclass_that_draws_is_seeded_per_batch() -> None:
     ]
     assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
     assert len(set(runs[0].tolist())) == 12
+
+
+class _AugmentLater(Dataset):
+    """Rows that draw from NumPy's global RNG only once ``augment`` is set."""
+
+    augment = False
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> float:
+        return i + (float(np.random.rand()) if self.augment else 0.0)
+
+
+def _two_epochs(**kw: Any) -> list[list[float]]:
+    ds = _AugmentLater()
+    loader = DataLoader(ds, batch_size=4, shuffle=True, generator=3, **kw)
+    first = np.concatenate(list(loader)).tolist()
+    ds.augment = True  # switched on between epochs, as a curriculum would
+    return [first, np.concatenate(list(loader)).tolist()]
+
+
+def test_persistent_thread_workers_see_a_dataset_start_drawing() -> None:
+    """Persistent thread workers decide again each epoch whether the dataset draws: one
+    that starts drawing in its second epoch gets the batches it gets in process."""
+    expected = _two_epochs()
+    assert expected[0] != expected[1]
+    kw = {"num_workers": 3, "worker_mode": "thread", "persistent_workers": True}
+    assert _two_epochs(**kw) == expected
 
 
 def test_thread_workers_hand_the_main_threads_rng_streams_back() -> None:

@@ -142,6 +142,8 @@ class MultiWorkerIterator:
     def _reset(self) -> None:
         """Start an epoch: fresh tasks and seed, results of an unfinished one discarded."""
         loader = self._loader
+        if self._generation:
+            self._pool.new_epoch()  # persistent workers start another epoch
         self._generation += 1
         # The loader numbers the epoch's tasks (k) and records deliveries for state_dict.
         self._epoch_state = loader._start_epoch()

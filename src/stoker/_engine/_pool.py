@@ -268,6 +268,9 @@ class ProcessPool:
         """Let :meth:`start` start only the first ``count`` workers (autotune grows it)."""
         self._start_limit = count
 
+    def new_epoch(self) -> None:
+        """Nothing to do: each worker process seeds its own RNGs per batch."""
+
     def started_pids(self) -> list[int]:
         """The process ids of the workers started (autotune reads their CPU use)."""
         return [w.pid for w in self.workers if w.pid is not None]
@@ -512,7 +515,7 @@ class ThreadPool:
         self._threads: list[threading.Thread] = []
         n = loader._pool_workers()  # with autotune, the most workers it may use
         shared = None if loader._iterable else loader._make_fetcher()
-        guard = RngGuard()
+        guard = self._guard = RngGuard()
         buffers = for_loader(loader, n * prefetch + 2)  # in flight, held, returning
         self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
         board = HelpBoard(self._inboxes)
@@ -548,6 +551,10 @@ class ThreadPool:
 
     def limit_start(self, count: int) -> None:
         """Nothing to do: idle threads wait for tasks (autotune sends them when it grows)."""
+
+    def new_epoch(self) -> None:
+        """Let the next epoch's first fetches decide again whether the dataset draws."""
+        self._guard.new_epoch()
 
     def started_pids(self) -> list[int]:
         """No processes: the threads' CPU use is the main process's."""

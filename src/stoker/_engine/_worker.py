@@ -64,33 +64,54 @@ BYE = ("bye", -1, -3)
 """A worker's last message: its slots are closed and it is exiting."""
 _INDICES_SHOWN = 16
 
+_NEW_EPOCH_WAIT_S = 1.0
+"""How long a new epoch of persistent thread workers waits for a seeded fetch still in
+flight; past it, the last epoch's decision on whether the dataset draws stands."""
+
 
 class RngGuard:
     """Keeps thread workers deterministic when a dataset draws from the global RNGs.
 
     Threads share Python's ``random``, NumPy's global RNG and torch's, so a batch can only
-    get its own (seed, epoch, k) stream if no other thread draws meanwhile. Until the
-    dataset has shown whether it draws, batches are fetched in parallel, unseeded, and the
-    global RNG states are compared around each fetch: a fetch during which no state moved
-    did not depend on them, so its batch stands and later ones run in parallel; if a state
-    moved, the dataset draws, and that batch and every later one is fetched again seeded,
-    under the lock, one at a time (use process workers for parallel augmentation). The
-    first fetches decide for the pool's life: a dataset that draws only for later batches
-    (some indices, later epochs) then draws unseeded, in thread order. Checking every fetch
-    would not help: the training loop's own draws (dropout) would count as the dataset's
-    and make every batch serial. Process workers have no such limit. One lock
-    for the whole process, since the RNGs are process-wide. After a seeded batch the main
-    thread's own streams go on, as in process; a training loop that draws from the global
-    RNGs *while* a batch is seeded takes from that batch's stream, so with a dataset that
-    draws, only process workers keep batches and loop apart.
+    get its own (seed, epoch, k) stream if no other thread draws meanwhile. At the start of
+    each epoch, until the dataset has shown whether it draws, batches are fetched in
+    parallel, unseeded, and the global RNG states are compared around each fetch: a fetch
+    during which no state moved did not depend on them, so its batch stands and the
+    epoch's later ones run in parallel; once a state moved, the dataset draws, and that
+    batch and every later one of the epoch is fetched again seeded, under the lock, one at
+    a time (use process workers for parallel augmentation). So a dataset that starts
+    drawing in a later epoch is seen, but one that draws only for some batches of an epoch
+    may draw unseeded, in thread order, for those after the first ones. Checking every
+    fetch would not help: the training loop's own draws (dropout) would count as the
+    dataset's and make every batch serial. Process workers have no such limit.
+
+    One lock for the whole process, since the RNGs are process-wide. After a seeded batch
+    the main thread's own streams go on, as in process; a training loop that draws from
+    the global RNGs *while* a batch is seeded takes from that batch's stream, so with a
+    dataset that draws, only process workers keep batches and loop apart.
+
+    Worker threads call :meth:`fetch`; the main thread calls :meth:`new_epoch` before it
+    sends an epoch's tasks.
     """
 
     lock = threading.Lock()
 
     def __init__(self) -> None:
-        self.serial: bool | None = None  # None until a fetch tells
+        self.serial: bool | None = None  # None until a fetch of this epoch tells
         self._cond = threading.Condition()
-        self._probing = 0  # unseeded fetches in flight; seeded ones wait for them
+        self._unseeded = 0  # unseeded fetches in flight; seeded ones wait for them
+
+    def new_epoch(self) -> None:
+        """Decide again: the dataset may start (or stop) drawing in the next epoch. Waits
+        for a seeded fetch in flight (of the epoch before), at most ``_NEW_EPOCH_WAIT_S``:
+        past that (a stuck dataset), the last epoch's decision stands."""
+        if not self.lock.acquire(timeout=_NEW_EPOCH_WAIT_S):
+            return
+        try:
+            with self._cond:
+                self.serial = None
+        finally:
+            self.lock.release()
 
     def fetch(
         self, fetch: Callable[[Any], Any], task: Any, seed: int, seeded: Callable[[Any], Any]
@@ -98,28 +119,25 @@ class RngGuard:
         """``fetch(task)``, or ``seeded(task)`` with the global RNGs seeded from ``seed``
         for it alone (``seeded`` must not use other threads: they would draw out of order).
         """
-        if self.serial is None:
-            with self._cond:
-                probe = self.serial is None
-                self._probing += probe
-            if probe:
-                moved = True
-                try:
-                    before = _rng_states()
-                    data = fetch(task)
-                    moved = _rng_states() != before
-                finally:
-                    with self._cond:
-                        self._probing -= 1
-                        if self.serial is None:
-                            self.serial = moved
-                        self._cond.notify_all()
-                if not moved:  # nothing drew while it ran: the batch does not depend on it
-                    return data
-        if self.serial is False:
-            return fetch(task)
+        with self._cond:
+            mode = self.serial  # None: probe, False: plain, True: seeded
+            self._unseeded += mode is not True
+        if mode is not True:
+            moved = True
+            try:
+                before = _rng_states() if mode is None else None
+                data = fetch(task)
+                moved = before is not None and _rng_states() != before
+            finally:
+                with self._cond:
+                    self._unseeded -= 1
+                    if mode is None and (moved or self.serial is None):
+                        self.serial = moved  # a draw seen anywhere makes the epoch serial
+                    self._cond.notify_all()
+            if not moved:  # nothing drew while it ran: the batch does not depend on it
+                return data
         with self._cond:  # no unseeded fetch may draw from a seeded batch's stream
-            self._cond.wait_for(lambda: self._probing == 0)
+            self._cond.wait_for(lambda: self._unseeded == 0)
         with self.lock:  # the main thread's streams go on after it (as in process)
             return call_seeded(seed, seeded, task)
 
