@@ -176,6 +176,12 @@ class MultiWorkerIterator:
         loader._stats = self._stats
         self._refill()
 
+    def _judged_by_this_epoch(self) -> bool:
+        """Whether the tuner may judge workers by this epoch: persistent workers start
+        once, so an epoch that started some is no measure of the next ones (fresh workers
+        pay for their start in every epoch)."""
+        return not self._persistent or len(self._pool.started_pids()) <= self._started_before
+
     def _end(self) -> None:
         if not self._persistent:
             self._finalizer()
@@ -351,10 +357,7 @@ class MultiWorkerIterator:
             if not any(self._outstanding) and (self._tasks_done or not any(self._active)):
                 self._stats.ended(entered)
                 self._epoch_state.finish()
-                # Persistent workers start once: an epoch that started some is no measure
-                # of the next ones (fresh workers pay for their start in every epoch).
-                started = len(self._pool.started_pids()) > self._started_before
-                if self._tuner is not None and not (self._persistent and started):
+                if self._tuner is not None and self._judged_by_this_epoch():
                     began = self._created if self._generation == 1 else self._began
                     self._tuner.epoch_done(self._stats, self._stats.last - began)
                 self._loader._batch_profile = self._profile()  # the next epoch's tail plan

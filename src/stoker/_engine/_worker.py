@@ -395,8 +395,9 @@ def _fetch_group(
     arena.begin(ahead=ahead)
     batches: list[Any] = []
     skips: list[Any] = []
-    for k_seed, task in zip(batch_seeds(base, epoch, ks), tasks, strict=True):
-        if fetcher.draws:
+    seeds = batch_seeds(base, epoch, ks) if fetcher.draws else [None] * len(tasks)
+    for k_seed, task in zip(seeds, tasks, strict=True):
+        if k_seed is not None:
             seed_globals(k_seed)
         skipped = None
         try:
