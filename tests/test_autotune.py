@@ -219,6 +219,67 @@ def test_auto_stays_with_workers_that_in_process_could_not_replace(kw: dict[str,
     assert not any("in process" in d for d in loader.statistics().autotune)
 
 
+class _UserRows(TensorDataset):
+    """A TensorDataset of the user's own class: its code could run in a worker."""
+
+
+def _rows() -> np.ndarray[Any, Any]:
+    return np.arange(1024 * 4, dtype=np.float32).reshape(1024, 4)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_fixed_count_loads_in_process_where_only_stoker_code_runs(persistent: bool) -> None:
+    """num_workers=2 over a TensorDataset of arrays with the default collate: none of the
+    user's code runs in a worker, so once an epoch shows the workers slower, the loader tries
+    and keeps loading in process, with the same batches; persistent workers go then."""
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 5}
+    fixed: DataLoader[Any] = DataLoader(
+        TensorDataset(_rows()), num_workers=2, persistent_workers=persistent, **kw
+    )
+    assert _epochs(fixed, 4) == _epochs(DataLoader(TensorDataset(_rows()), **kw), 4)
+    stats = fixed.statistics()
+    assert (stats.num_workers, fixed.num_workers) == (0, 2)
+    assert [d.split(":")[0] for d in stats.autotune] == [
+        "try in process next epoch",
+        "stay in process",
+    ]
+    assert fixed._iterator is None
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"dataset": _UserRows(_rows())}, {"worker_init_fn": print}, {"collate_fn": list}],
+    ids=["subclass", "worker_init_fn", "collate_fn"],
+)
+def test_a_fixed_count_keeps_its_workers_where_user_code_runs(kw: dict[str, Any]) -> None:
+    """A dataset subclass, a worker_init_fn or a collate_fn of the user's would run in the
+    workers: a fixed count keeps them, however slow."""
+    kw = {"dataset": TensorDataset(_rows()), "batch_size": 4, "num_workers": 2, **kw}
+    loader: DataLoader[Any] = DataLoader(**kw)
+    for _ in range(3):
+        assert len(list(loader)) == 256
+    assert (loader.statistics().num_workers, loader.statistics().autotune) == (2, ())
+
+
+def test_persistent_workers_wait_out_an_in_process_trial() -> None:
+    """Persistent workers are kept through the in-process trial; when it is slower (a slow
+    loop here), the same workers load the next epoch."""
+    loader: DataLoader[Any] = DataLoader(
+        TensorDataset(_rows()), batch_size=4, num_workers=2, persistent_workers=True
+    )
+    for _ in range(2):  # the first starts the workers; the second is judged
+        assert len(list(loader)) == 256
+    assert loader.statistics().autotune[-1].startswith("try in process next epoch")
+    pool = loader._iterator._pool
+    for _batch in loader:  # the trial, in process
+        time.sleep(0.001)  # a slow training step: in process is slower now
+    assert loader.statistics().autotune[-1].startswith("back to 2 workers")
+    it = iter(loader)
+    assert it._pool is pool
+    assert len(list(it)) == 256
+    del it, pool
+
+
 def test_prefetch_factor_rejects_other_strings() -> None:
     """prefetch_factor accepts an int or "auto"; another string is a ValueError."""
     with pytest.raises(ValueError, match="prefetch_factor"):

@@ -92,6 +92,15 @@ def _data(n: int = 50) -> TensorDataset:
     return TensorDataset(np.arange(n * 3, dtype=np.float32).reshape(n, 3), np.arange(n))
 
 
+class _UserRows(TensorDataset):
+    """A TensorDataset of the user's own class: workers always load it (a fixed worker
+    count may move in process only where none of the user's code runs: test_autotune)."""
+
+
+def _user_data(n: int = 50) -> TensorDataset:
+    return _UserRows(*_data(n).tensors)
+
+
 @pytest.mark.parametrize("kw", [*MODES, SPAWN, FORKSERVER])
 def test_batches_match_in_process_loading(kw: dict[str, Any]) -> None:
     """Workers deliver the same batches, in sampler order, as num_workers=0."""
@@ -128,7 +137,7 @@ def test_in_order_false_delivers_every_batch(kw: dict[str, Any]) -> None:
 @pytest.mark.parametrize("kw", MODES)
 def test_persistent_workers_survive_epochs(kw: dict[str, Any]) -> None:
     """persistent_workers keeps the same workers; each epoch is complete; break is fine."""
-    loader = DataLoader(_data(), batch_size=5, num_workers=2, persistent_workers=True, **kw)
+    loader = DataLoader(_user_data(), batch_size=5, num_workers=2, persistent_workers=True, **kw)
     first = iter(loader)
     pool = first._pool
     next(first)  # abandon this epoch early
@@ -295,7 +304,7 @@ def _sum_collate(samples: list[Any]) -> Any:
 def test_slots_are_reused_not_grown() -> None:
     """Over many batches a worker keeps a bounded number of slots: one per batch in flight
     (prefetch_factor, times the group of tiny batches counted as one) plus a few."""
-    loader = DataLoader(_data(400), batch_size=4, num_workers=1, persistent_workers=True)
+    loader = DataLoader(_user_data(400), batch_size=4, num_workers=1, persistent_workers=True)
     for _ in range(2):
         for _batch in loader:
             pass

@@ -26,7 +26,10 @@ as a trial; it stays there only if it was faster, else the worker count comes ba
 workers are judged with their start, which every epoch pays; persistent ones by an epoch
 that started none (spawned or forkserver workers take long to start, once). Not
 with ``worker_init_fn`` (it would not run) or ``timeout`` (the main process cannot time
-itself out).
+itself out). A fixed ``num_workers`` gets this comparison too when none of the user's code
+runs in a worker (a TensorDataset of arrays, or a Subset, Concat or Stack of them, with the
+default collate: see :func:`~stoker._dataset.draws_nothing`): where such batches are
+gathered cannot be seen, except in the time they take.
 
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
 delivered in order, whichever worker made it. Every decision is logged (logger
@@ -143,6 +146,9 @@ class Autotuner:
         else:
             capacity = workers = int(loader.num_workers)
         prefetch = 2 if tune_prefetch else int(loader.prefetch_factor or 2)
+        # Only stoker's code fetches (a TensorDataset of arrays, the default collate): then
+        # where it runs cannot be seen, and a fixed worker count may load in process too.
+        only_stoker = not loader._iterable and not loader._make_fetcher().draws
         tuner = cls(
             workers,
             capacity,
@@ -151,12 +157,21 @@ class Autotuner:
             tune_prefetch,
             shared_memory=loader.worker_mode == "process",
             in_process=(
-                tune_workers and loader.worker_init_fn is None and not float(loader.timeout)
+                (tune_workers or only_stoker)
+                and loader.worker_init_fn is None
+                and not float(loader.timeout)
             ),
         )
         if loader.num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
+        # A fixed count and prefetch: only the end-of-epoch comparison with in process.
+        tuner.settled = loader.num_workers != "auto" and not tune_prefetch
         return tuner
+
+    @property
+    def trying_in_process(self) -> bool:
+        """Whether the next epoch is the in-process trial (persistent workers wait it out)."""
+        return self.workers == 0 and self._in_process
 
     def decide(self, text: str) -> None:
         """Record and log a decision."""

@@ -251,6 +251,7 @@ class DataLoader(Generic[T_co]):
         self._current: Epoch | None = None
         self._resume: dict[str, Any] | None = None
         self._tuner: Autotuner | None = None
+        self._tuner_key: tuple[Any, ...] = ()
         self._stats: StatsRecorder | None = None
         self._first_batch_s = 0.0  # the last epoch's wait for its first batch (lazy start)
         self._task_group = 0  # tiny batches in flight per prefetch slot, once measured
@@ -462,13 +463,25 @@ class DataLoader(Generic[T_co]):
         return self._stats.snapshot()
 
     def _autotuner(self) -> Autotuner | None:
-        """The loader's autotuner when ``num_workers`` or ``prefetch_factor`` is "auto"."""
-        if self.num_workers != "auto" and self.prefetch_factor != "auto":
-            return None
-        if self._tuner is None:
+        """The loader's autotuner: when ``num_workers`` or ``prefetch_factor`` is "auto", or
+        when a fixed worker count loads batches in which none of the user's code runs (see
+        :meth:`Autotuner.for_loader`); made again when the settings it depends on change."""
+        key = (
+            self.num_workers,
+            self.prefetch_factor,
+            self.worker_mode,
+            self.worker_init_fn,
+            self.timeout,
+            self.collate_fn,
+        )
+        auto = self.num_workers == "auto" or self.prefetch_factor == "auto"
+        if not auto and (self.num_workers == 0 or self._make_fetcher().draws):
+            self._tuner = None
+        elif self._tuner is None or self._tuner_key != key:
             from stoker._autotune import Autotuner
 
             self._tuner = Autotuner.for_loader(self)
+        self._tuner_key = key
         return self._tuner
 
     def _pool_workers(self) -> int:
@@ -481,7 +494,8 @@ class DataLoader(Generic[T_co]):
         if self.num_workers == 0 or (tuner is not None and tuner.workers == 0):
             from stoker._engine._single import SingleProcessIterator
 
-            if self._iterator is not None:  # autotune moved to in process: workers go
+            # Autotune moved to in process: persistent workers go once the trial is won.
+            if self._iterator is not None and not (tuner and tuner.trying_in_process):
                 self._iterator._finalizer()
                 self._iterator = None
             return SingleProcessIterator(self, tuner)

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 
 class SingleProcessIterator:
-    """One epoch of a DataLoader loading in the main process (``num_workers=0``, or
-    ``"auto"`` having chosen it), batch by batch on ``__next__``.
+    """One epoch of a DataLoader loading in the main process (``num_workers=0``, or the
+    autotuner having chosen it), batch by batch on ``__next__``.
 
     Before batch ``k`` is fetched, the global RNGs are seeded from (seed, epoch, k), exactly
     as a worker would seed them, so augmentations match those of any worker count; after
@@ -29,7 +29,7 @@ class SingleProcessIterator:
     def __init__(self, loader: DataLoader[Any], tuner: Autotuner | None = None) -> None:
         self._created = time.perf_counter()  # the sampler's draw counts in the epoch
         self._loader = loader
-        self._tuner = tuner  # num_workers="auto" that chose to load in process
+        self._tuner = tuner  # the autotuner that chose to load in process
         self._epoch = loader._start_epoch()
         fetcher = loader._make_fetcher()
         self._fetch = fetcher.fetch_skipping
