@@ -145,6 +145,9 @@ class MultiWorkerIterator:
         if self._generation:
             self._pool.new_epoch()  # persistent workers start another epoch
         self._generation += 1
+        # The epoch's time, as the tuner compares it with loading in process, counts the
+        # sampler's draw, as SingleProcessIterator's does.
+        self._drawing = time.perf_counter()
         # The loader numbers the epoch's tasks (k) and records deliveries for state_dict.
         self._epoch_state = loader._start_epoch()
         self._seed = self._epoch_state.seed
@@ -358,7 +361,7 @@ class MultiWorkerIterator:
                 self._stats.ended(entered)
                 self._epoch_state.finish()
                 if self._tuner is not None and self._judged_by_this_epoch():
-                    began = self._created if self._generation == 1 else self._began
+                    began = self._created if self._generation == 1 else self._drawing
                     self._tuner.epoch_done(self._stats, self._stats.last - began)
                 self._loader._batch_profile = self._profile()  # the next epoch's tail plan
                 self._end()
