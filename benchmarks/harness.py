@@ -27,18 +27,20 @@ Run = Callable[[], dict[str, float]]
 
 
 def cli(description: str, repeats: int = 5, workers: int | None = None) -> argparse.Namespace:
-    """The common command line: ``--repeats N``, ``--quick`` (one repeat, for smoke runs) and,
-    when ``workers`` is given, ``--workers N`` with that default."""
+    """The common command line: ``--repeats N``, ``--warmup N`` (untimed runs first),
+    ``--quick`` (one repeat, no warm-up, for smoke runs) and, when ``workers`` is given,
+    ``--workers N`` with that default."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     if workers is not None:
         parser.add_argument("--workers", type=int, default=workers, help="num_workers")
     parser.add_argument("--repeats", type=int, default=repeats, help="timed runs per contender")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per contender")
     parser.add_argument("--quick", action="store_true", help="one repeat, no warm-up")
     args = parser.parse_args()
     if args.quick:
-        args.repeats = 1
+        args.repeats, args.warmup = 1, 0
     return args
 
 
@@ -68,8 +70,41 @@ def command() -> str:
     return " ".join(argv)
 
 
+_PF_EXITING = 0x4
+"""The kernel's flag of a process that is exiting (its memory being torn down)."""
+
+
+def _exiting_children() -> int:
+    """How many processes started by this one are exiting but not yet zombies (Linux; 0
+    elsewhere): idle persistent workers do not count."""
+    count = 0
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[6]) & _PF_EXITING:
+                count += 1
+    return count
+
+
+def settle(limit_s: float = 5.0) -> None:
+    """Wait (at most ``limit_s``) until no process started by an earlier run is still
+    exiting: workers torn down in the background must not slow the next contender's run."""
+    deadline = time.monotonic() + limit_s
+    while _exiting_children() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def timed(run: Run) -> dict[str, float]:
-    """One run of ``run`` with its wall time added as ``seconds``."""
+    """One run of ``run`` (once earlier runs' processes are gone) with its wall time added
+    as ``seconds``."""
+    settle()
     t0 = time.perf_counter()
     counts = run()
     return {**counts, "seconds": time.perf_counter() - t0}
@@ -82,12 +117,13 @@ def compare(
     repeats: int,
     baseline: str = "torch",
     config: dict[str, Any] | None = None,
-    warmup: bool = True,
+    warmup: int = 1,
     extra: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Runs every contender ``repeats`` times, alternating; prints and saves the medians.
 
     Args:
+        warmup: untimed runs of each contender first (``True`` is one).
         extra: called after the runs; its fields are added to the record (e.g. memory).
 
     Returns:
@@ -95,7 +131,7 @@ def compare(
         seconds, the median rate of each count per second, and ``ratio`` (the contender's
         median rate of the first count over the baseline's, > 1 is faster).
     """
-    if warmup:
+    for _ in range(int(warmup)):
         for run in contenders.values():
             run()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
@@ -125,6 +161,7 @@ def compare(
         "command": command(),
         "config": config or {},
         "repeats": repeats,
+        "warmup": int(warmup),
         "cores": os.cpu_count(),
         "versions": versions(),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -73,7 +73,7 @@ def main() -> None:
         repeats=args.repeats,
         baseline=f"torch {w} workers",
         config={"samples": N, "batch": BATCH, "sample_bytes": FLOATS * 4, "wait_s": WAIT_S},
-        warmup=not args.quick,
+        warmup=args.warmup,
         extra=lambda: {"one_copy_s": one_copy_seconds()},
     )
     copy_s = record["one_copy_s"]

@@ -94,7 +94,7 @@ def main() -> None:
         repeats=args.repeats,
         baseline=f"torch {w} workers",
         config={"samples": N, "batch": BATCH, "sample_bytes": FLOATS * 4, "workers": w},
-        warmup=not args.quick,
+        warmup=args.warmup,
     )
 
 

@@ -1,11 +1,17 @@
 """W3, tiny samples: 200k pairs (8 float32, int64 label), batch 256, shuffled, one epoch.
 
 Runs torch.utils.data.DataLoader and stoker's DataLoader side by side (stoker on NumPy
-arrays and on torch tensors; with workers, both also with persistent workers), alternating,
+arrays and on torch tensors; with workers, both also with persistent workers, and stoker
+also with the same rows in a dataset class of the user's, which keeps its workers, and in
+process for comparison), alternating,
 and prints the median samples/s and ratios; grain and torchdata's StatefulDataLoader run
 the same workload when installed (``benchmarks/peers.py``), else they are left out.
 
-    python benchmarks/w3_tiny.py [--workers N] [--repeats R]
+    python benchmarks/w3_tiny.py [--workers N] [--repeats R] [--warmup W]
+
+With workers, a loader of stoker's rows moves in process after its first epoch (after its
+second with persistent workers, which are not judged by the epoch that started them), and
+the trial; ``--warmup 3`` times the steady state only.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ import peers
 import stoker
 
 N, FEATURES, BATCH = 200_000, 8, 256
+
+
+class UserRows(stoker.TensorDataset):
+    """The same rows in a dataset class of the user's (its code could run in a worker)."""
 
 
 def epoch(loader: Any) -> Callable[[], dict[str, float]]:
@@ -58,9 +68,20 @@ def main() -> None:
         contenders["stoker (numpy) persistent"] = epoch(
             stoker.DataLoader(stoker.TensorDataset(x, y), **keep)
         )
-        # Left to choose, stoker loads these batches in process after one epoch of workers.
         contenders["stoker (numpy) num_workers=auto"] = epoch(
             stoker.DataLoader(stoker.TensorDataset(x, y), **{**kw, "num_workers": "auto"})
+        )
+        # The rows above move in process once an epoch shows the workers slower (none of
+        # the user's code runs in them); a dataset class of the user's keeps its workers.
+        for name, more in (("", {}), (" persistent", {"persistent_workers": True})):
+            contenders[f"stoker (numpy) workers kept{name}"] = epoch(
+                stoker.DataLoader(UserRows(x, y), **kw, **more)
+            )
+        contenders["stoker in process"] = epoch(
+            stoker.DataLoader(stoker.TensorDataset(x, y), **{**kw, "num_workers": 0})
+        )
+        contenders["stoker in process, user's class"] = epoch(
+            stoker.DataLoader(UserRows(x, y), **{**kw, "num_workers": 0})
         )
     contenders = peers.add(
         contenders,
@@ -75,6 +96,7 @@ def main() -> None:
         f"w3_tiny_{args.workers}w",
         contenders,
         repeats=args.repeats,
+        warmup=args.warmup,
         config={"samples": N, "features": FEATURES, "batch_size": BATCH, **kw},
     )
 

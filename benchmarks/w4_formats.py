@@ -95,7 +95,7 @@ def main() -> None:
                 "size": "500x375",
                 "transform": label,
             },
-            warmup=not args.quick,
+            warmup=args.warmup,
         )
 
 

@@ -156,7 +156,7 @@ def main() -> None:
                 "size": "500x375",
                 "transform": "RandomResizedCrop(224)+flip+ToTensor+Normalize",
             },
-            warmup=not args.quick,
+            warmup=args.warmup,
         )
         for name, result in record["results"].items():
             ms = statistics.median(1000 * r["cpu_s"] / r["images"] for r in result["runs"])

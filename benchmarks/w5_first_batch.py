@@ -75,7 +75,7 @@ def main() -> None:
         repeats=args.repeats,
         baseline=f"torch {w} workers",
         config={"samples": N, "batch": BATCH, "workers": w},
-        warmup=not args.quick,
+        warmup=args.warmup,
     )
 
 
