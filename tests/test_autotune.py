@@ -206,6 +206,29 @@ def test_auto_tries_in_process_only_when_workers_idle(busy_s: float, tried: bool
     assert bool(tuner.decisions) is tried
 
 
+def test_a_lost_trial_is_tried_again_after_more_and_more_epochs() -> None:
+    """A trial that loses (here every one: in process takes twice the time) brings the
+    workers back, and another comes after 2, then 4 epochs with workers: one trial slowed by
+    a stall of the machine does not decide for good."""
+    from stoker._autotune import Autotuner
+    from stoker._stats import StatsRecorder
+
+    tuner = Autotuner(2, 2, 2, False, False, shared_memory=True, in_process=True)
+    trials = []
+    for epoch in range(12):
+        in_process = tuner.workers == 0
+        per_batch = 0.010 if in_process else 0.005
+        rec = StatsRecorder(2, batched=True)
+        rec.batches, rec.busy, rec.wait = 100, [0.05, 0.05], 0.45  # loads in 1 ms a batch
+        rec.start, rec.last = 0.0, per_batch * 100
+        tuner.epoch_done(rec, seconds=per_batch * 100)
+        if in_process:
+            trials.append(epoch)
+    assert trials == [1, 5, 11]
+    assert tuner.workers == 2
+    assert tuner.decisions[1].endswith("another trial may come after 2 epochs")
+
+
 @pytest.mark.parametrize("kw", [{"worker_init_fn": print}, {"timeout": 30}], ids=str)
 def test_auto_stays_with_workers_that_in_process_could_not_replace(kw: dict[str, Any]) -> None:
     """With worker_init_fn (it would not run) or timeout (the main process cannot time itself

@@ -22,14 +22,16 @@ in-memory arrays) cost more to send than to make. So at the end of an epoch with
 that were busy less than ``_BUSY_SHARE`` of it (more of them would not help), if a batch's
 load time plus the loop's own time per batch (what loading in process would take) is below
 the time per batch the workers achieved, by ``_MIN_GAIN``, the next epoch runs in process
-as a trial; it stays there only if it was faster, else the worker count comes back. Fresh
-workers are judged with their start, which every epoch pays; persistent ones by an epoch
-that started none (spawned or forkserver workers take long to start, once). Not
-with ``worker_init_fn`` (it would not run) or ``timeout`` (the main process cannot time
-itself out). A fixed ``num_workers`` gets this comparison too when none of the user's code
-runs in a worker (a TensorDataset of arrays, or a Subset, Concat or Stack of them, with the
-default collate: see :func:`~stoker._dataset.draws_nothing`): where such batches are
-gathered cannot be seen, except in the time they take.
+as a trial; it stays there only if it was faster, else the worker count comes back (and
+another trial may follow after 2, then 4, 8... epochs: a trial slowed by a stall of the
+machine does not decide for good). Fresh workers are judged with their start, which every
+epoch pays; persistent ones by an epoch that started none (spawned or forkserver workers
+take long to start, once). Not with ``worker_init_fn`` (it would not run) or ``timeout``
+(the main process cannot time itself out). A fixed ``num_workers`` gets this comparison
+too when none of the user's code runs in a worker (a TensorDataset of arrays, or a Subset,
+Concat or Stack of them, with the default collate: see
+:func:`~stoker._dataset.draws_nothing`): where such batches are gathered cannot be seen,
+except in the time they take.
 
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
 delivered in order, whichever worker made it. Every decision is logged (logger
@@ -86,6 +88,10 @@ _MIN_EPOCH_BATCHES = 8
 """Fewest batches an epoch needs to count in the in-process comparison."""
 _BUSY_SHARE = 0.8
 """Workers busier than this share of an epoch are the bottleneck: more, not none, help."""
+_RETRY_AFTER = 2
+"""Epochs with workers after a lost in-process trial before another (twice as many after
+each loss): one trial epoch slowed by something else on the machine does not decide for
+good, and a dataset that really loads slower in process costs a trial epoch ever more rarely."""
 
 
 class Autotuner:
@@ -128,6 +134,8 @@ class Autotuner:
         self._budget = memory_budget()
         self._in_process = in_process  # still a candidate
         self._trial: tuple[int, float] | None = None  # (workers, seconds per batch) before
+        self._wait = 0  # epochs with workers before another trial, after a lost one
+        self._retry_after = _RETRY_AFTER
 
     @classmethod
     def for_loader(cls, loader: DataLoader[Any]) -> Autotuner:
@@ -250,15 +258,22 @@ class Autotuner:
             return
         per_batch = seconds / rec.batches
         if self.workers == 0:  # the trial epoch
-            self._in_process = False
             assert self._trial is not None
             workers, before = self._trial
             rates = f"{1 / per_batch:.3g} batches/s in process, {1 / before:.3g} with workers"
             if per_batch <= before:
+                self._in_process = False
                 self.decide(f"stay in process: {rates}")
             else:
                 self.workers = workers
-                self.decide(f"back to {workers} workers: {rates}")
+                self._wait, self._retry_after = self._retry_after, 2 * self._retry_after
+                self.decide(
+                    f"back to {workers} workers: {rates}; another trial may come after "
+                    f"{self._wait} epochs"
+                )
+            return
+        if self._wait:  # a trial was lost lately
+            self._wait -= 1
             return
         load = sum(rec.busy) / rec.batches
         loop = max(0.0, rec.last - rec.start - rec.wait) / rec.batches  # outside __next__
