@@ -17,6 +17,7 @@ import platform
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,11 +94,17 @@ def _exiting_children() -> int:
     return count
 
 
+def _reaping() -> bool:
+    """Whether a stoker thread still waits for exiting workers (they may not have reached
+    the kernel's exit yet)."""
+    return any(t.name == "stoker-reaper" for t in threading.enumerate())
+
+
 def settle(limit_s: float = 5.0) -> None:
     """Wait (at most ``limit_s``) until no process started by an earlier run is still
     exiting: workers torn down in the background must not slow the next contender's run."""
     deadline = time.monotonic() + limit_s
-    while _exiting_children() and time.monotonic() < deadline:
+    while (_reaping() or _exiting_children()) and time.monotonic() < deadline:
         time.sleep(0.001)
 
 

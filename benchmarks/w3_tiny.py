@@ -7,11 +7,13 @@ process for comparison), alternating,
 and prints the median samples/s and ratios; grain and torchdata's StatefulDataLoader run
 the same workload when installed (``benchmarks/peers.py``), else they are left out.
 
-    python benchmarks/w3_tiny.py [--workers N] [--repeats R] [--warmup W]
+    python benchmarks/w3_tiny.py [--workers N] [--repeats R] [--warmup W] [--stoker-only]
 
 With workers, a loader of stoker's rows moves in process after its first epoch (after its
-second with persistent workers, which are not judged by the epoch that started them), and
-the trial; ``--warmup 3`` times the steady state only.
+second with persistent workers, which are not judged by the epoch that started them) and
+the trial epoch; ``--warmup 4`` times the steady state only. ``--stoker-only`` runs stoker's
+contenders alone, as ratios to stoker in process: short rounds, so this machine's slow
+phases (seconds long) hit every contender of a round alike.
 """
 
 from __future__ import annotations
@@ -48,7 +50,40 @@ def epoch(loader: Any) -> Callable[[], dict[str, float]]:
     return run
 
 
+def stoker_contenders(x: Any, y: Any, tx: Any, ty: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    """stoker's contenders for ``kw`` (with workers: persistent, auto, a dataset class of
+    the user's, and in process for comparison)."""
+    out = {
+        "stoker (numpy)": epoch(stoker.DataLoader(stoker.TensorDataset(x, y), **kw)),
+        "stoker (torch tensors)": epoch(stoker.DataLoader(stoker.TensorDataset(tx, ty), **kw)),
+    }
+    if not kw["num_workers"]:
+        return out
+    out["stoker (numpy) persistent"] = epoch(
+        stoker.DataLoader(stoker.TensorDataset(x, y), **kw, persistent_workers=True)
+    )
+    out["stoker (numpy) num_workers=auto"] = epoch(
+        stoker.DataLoader(stoker.TensorDataset(x, y), **{**kw, "num_workers": "auto"})
+    )
+    # The rows above move in process once an epoch shows the workers slower (none of the
+    # user's code runs in them); a dataset class of the user's keeps its workers.
+    for name, more in (("", {}), (" persistent", {"persistent_workers": True})):
+        out[f"stoker (numpy) workers kept{name}"] = epoch(
+            stoker.DataLoader(UserRows(x, y), **kw, **more)
+        )
+    in_process = {**kw, "num_workers": 0}
+    out["stoker in process"] = epoch(stoker.DataLoader(stoker.TensorDataset(x, y), **in_process))
+    out["stoker in process, user's class"] = epoch(stoker.DataLoader(UserRows(x, y), **in_process))
+    return out
+
+
 def main() -> None:
+    import argparse
+
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--stoker-only", action="store_true")
+    ours, rest = extra.parse_known_args()
+    sys.argv = [sys.argv[0], *rest]
     args = harness.cli(__doc__ or "", repeats=7, workers=0)
     import torch
 
@@ -56,40 +91,30 @@ def main() -> None:
     y = np.arange(N, dtype=np.int64)
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
     kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": args.workers}
-    contenders = {
-        "torch": epoch(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tx, ty), **kw)),
-        "stoker (numpy)": epoch(stoker.DataLoader(stoker.TensorDataset(x, y), **kw)),
-        "stoker (torch tensors)": epoch(stoker.DataLoader(stoker.TensorDataset(tx, ty), **kw)),
-    }
+    config = {"samples": N, "features": FEATURES, "batch_size": BATCH, **kw}
+    ours_only = stoker_contenders(x, y, tx, ty, kw)
+    if ours.stoker_only and args.workers:
+        base = "stoker in process"
+        harness.compare(
+            f"w3_tiny_{args.workers}w_stoker",
+            {base: ours_only.pop(base), **ours_only},
+            repeats=args.repeats,
+            baseline=base,
+            warmup=args.warmup,
+            config=config,
+        )
+        return
+    tds = torch.utils.data.TensorDataset(tx, ty)
+    contenders = {"torch": epoch(torch.utils.data.DataLoader(tds, **kw))}
     if args.workers:  # workers kept from one epoch to the next: no start-up per run
         keep = {**kw, "persistent_workers": True}
-        tds = torch.utils.data.TensorDataset(tx, ty)
         contenders["torch persistent"] = epoch(torch.utils.data.DataLoader(tds, **keep))
-        contenders["stoker (numpy) persistent"] = epoch(
-            stoker.DataLoader(stoker.TensorDataset(x, y), **keep)
-        )
-        contenders["stoker (numpy) num_workers=auto"] = epoch(
-            stoker.DataLoader(stoker.TensorDataset(x, y), **{**kw, "num_workers": "auto"})
-        )
-        # The rows above move in process once an epoch shows the workers slower (none of
-        # the user's code runs in them); a dataset class of the user's keeps its workers.
-        for name, more in (("", {}), (" persistent", {"persistent_workers": True})):
-            contenders[f"stoker (numpy) workers kept{name}"] = epoch(
-                stoker.DataLoader(UserRows(x, y), **kw, **more)
-            )
-        contenders["stoker in process"] = epoch(
-            stoker.DataLoader(stoker.TensorDataset(x, y), **{**kw, "num_workers": 0})
-        )
-        contenders["stoker in process, user's class"] = epoch(
-            stoker.DataLoader(UserRows(x, y), **{**kw, "num_workers": 0})
-        )
+    contenders.update(ours_only)
     contenders = peers.add(
         contenders,
         {
             "grain": peers.grain_w3(x, y, batch_size=BATCH, workers=args.workers, wrap=epoch),
-            "torchdata StatefulDataLoader": peers.statefuldl(
-                torch.utils.data.TensorDataset(tx, ty), wrap=epoch, **kw
-            ),
+            "torchdata StatefulDataLoader": peers.statefuldl(tds, wrap=epoch, **kw),
         },
     )
     harness.compare(
@@ -97,7 +122,7 @@ def main() -> None:
         contenders,
         repeats=args.repeats,
         warmup=args.warmup,
-        config={"samples": N, "features": FEATURES, "batch_size": BATCH, **kw},
+        config=config,
     )
 
 
