@@ -154,9 +154,6 @@ class Autotuner:
         else:
             capacity = workers = int(loader.num_workers)
         prefetch = 2 if tune_prefetch else int(loader.prefetch_factor or 2)
-        # Only stoker's code fetches (a TensorDataset of arrays, the default collate): then
-        # where it runs cannot be seen, and a fixed worker count may load in process too.
-        only_stoker = not loader._iterable and not loader._make_fetcher().draws
         tuner = cls(
             workers,
             capacity,
@@ -164,11 +161,7 @@ class Autotuner:
             tune_workers,
             tune_prefetch,
             shared_memory=loader.worker_mode == "process",
-            in_process=(
-                (tune_workers or only_stoker)
-                and loader.worker_init_fn is None
-                and not float(loader.timeout)
-            ),
+            in_process=may_load_in_process(loader),
         )
         if loader.num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
@@ -339,6 +332,17 @@ class Autotuner:
 
     def _in_use(self) -> int:
         return self.workers * (self.prefetch + 1) * self._batch_bytes
+
+
+def may_load_in_process(loader: DataLoader[Any]) -> bool:
+    """Whether loading in process may stand in for ``loader``'s workers (module docstring):
+    with ``num_workers="auto"``, or a fixed count where only stoker's code would run in them
+    (a fetcher that surely draws nothing runs none of the user's); never for an iterable
+    dataset (it shards itself by worker count), with ``worker_init_fn`` (it would not run)
+    or ``timeout`` (the main process cannot time itself out)."""
+    if loader._iterable or loader.worker_init_fn is not None or float(loader.timeout):
+        return False
+    return loader.num_workers == "auto" or not loader._make_fetcher().draws
 
 
 def memory_budget() -> int:

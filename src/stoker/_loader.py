@@ -464,8 +464,14 @@ class DataLoader(Generic[T_co]):
 
     def _autotuner(self) -> Autotuner | None:
         """The loader's autotuner: when ``num_workers`` or ``prefetch_factor`` is "auto", or
-        when a fixed worker count loads batches in which none of the user's code runs (see
-        :meth:`Autotuner.for_loader`); made again when the settings it depends on change."""
+        when a fixed worker count may load in process instead (see
+        :func:`~stoker._autotune.may_load_in_process`); made again when the settings it
+        depends on change."""
+        if self.num_workers == 0:
+            self._tuner = None
+            return None
+        from stoker._autotune import Autotuner, may_load_in_process
+
         key = (
             self.num_workers,
             self.prefetch_factor,
@@ -475,11 +481,9 @@ class DataLoader(Generic[T_co]):
             self.collate_fn,
         )
         auto = self.num_workers == "auto" or self.prefetch_factor == "auto"
-        if not auto and (self.num_workers == 0 or self._make_fetcher().draws):
+        if not auto and not may_load_in_process(self):
             self._tuner = None
         elif self._tuner is None or self._tuner_key != key:
-            from stoker._autotune import Autotuner
-
             self._tuner = Autotuner.for_loader(self)
         self._tuner_key = key
         return self._tuner
