@@ -70,7 +70,10 @@ class DataLoader(Generic[T_co]):
             ``sampler`` and ``drop_last``.
         num_workers: worker count; 0 loads in the main process; ``"auto"`` starts one
             worker and adds more while the consumer waits and CPU and memory allow, or
-            loads in the main process when an epoch shows that workers are slower.
+            loads in the main process when an epoch shows that workers are slower. A
+            fixed count does that too where none of the user's code would run in a
+            worker (a TensorDataset of arrays with the default collate, see
+            ``statistics().autotune``).
         collate_fn: merges a list of samples into a batch; default: ``default_collate``
             (``default_convert`` without automatic batching), following ``tensor_type``.
         pin_memory: copy batches into page-locked memory (needs torch and an accelerator).
