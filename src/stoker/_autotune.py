@@ -20,9 +20,10 @@ The rule, per window of batches (one batch per worker, and at least ``_MIN_WINDO
 Workers are not always faster: batches that load in microseconds (rows gathered from
 in-memory arrays) cost more to send than to make. So at the end of an epoch with workers
 that were busy less than ``_BUSY_SHARE`` of it (more of them would not help), if a batch's
-load time plus the loop's own time per batch (what loading in process would take) is below
-the time per batch the workers achieved, by ``_MIN_GAIN``, the next epoch runs in process
-as a trial; it stays there only if it was faster, else the worker count comes back (and
+load time (the workers' mean, or where only stoker's code loads it, the main process's own
+time for one, measured: workers sharing the cores take longer) plus the loop's own time per
+batch (what loading in process would take) is below the time per batch the workers
+achieved, by ``_MIN_GAIN``, the next epoch runs in process as a trial; it stays there only if it was faster, else the worker count comes back (and
 another trial may follow after 2, then 4, 8... epochs: a trial slowed by a stall of the
 machine does not decide for good). Fresh workers are judged with their start, which every
 epoch pays; persistent ones by an epoch that started none (spawned or forkserver workers
@@ -44,6 +45,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stoker._engine._multi import available_cpus
@@ -244,9 +246,19 @@ class Autotuner:
             f"{waited:.0%} of the time, but {why_not}"
         )
 
-    def epoch_done(self, rec: StatsRecorder, seconds: float) -> None:
+    def epoch_done(
+        self,
+        rec: StatsRecorder,
+        seconds: float,
+        load_in_process: Callable[[], float | None] | None = None,
+    ) -> None:
         """An epoch of ``rec.batches`` batches took ``seconds`` (workers' start included):
-        decide whether the next one loads in process (module docstring)."""
+        decide whether the next one loads in process (module docstring).
+
+        Args:
+            load_in_process: measures a batch's load time in process, or gives None; else
+                (or then) the workers' mean busy time per batch stands for it.
+        """
         if not self._in_process or rec.batches < _MIN_EPOCH_BATCHES:
             return
         per_batch = seconds / rec.batches
@@ -269,8 +281,10 @@ class Autotuner:
             self._wait -= 1
             return
         load = sum(rec.busy) / rec.batches
-        loop = max(0.0, rec.last - rec.start - rec.wait) / rec.batches  # outside __next__
         busy = load / (self.workers * per_batch)
+        measured = load_in_process() if load_in_process is not None else None
+        load = load if measured is None else measured
+        loop = max(0.0, rec.last - rec.start - rec.wait) / rec.batches  # outside __next__
         if busy < _BUSY_SHARE and (load + loop) * (1 + _MIN_GAIN) < per_batch:
             self._trial = (self.workers, per_batch)
             self.workers = 0

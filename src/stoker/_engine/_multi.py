@@ -154,6 +154,7 @@ class MultiWorkerIterator:
         self._epoch = self._epoch_state.number
         self._tasks = self._epoch_state.tasks
         self._k_of: dict[int, int] = {}  # send index -> batch index in the epoch
+        self._probe: Any = None  # the epoch's first task (see _load_in_process)
         self._tasks_done = False
         self._send_idx = 0
         self._rcv_idx = 0
@@ -184,6 +185,21 @@ class MultiWorkerIterator:
         once, so an epoch that started some is no measure of the next ones (fresh workers
         pay for their start in every epoch)."""
         return not self._persistent or len(self._pool.started_pids()) <= self._started_before
+
+    def _load_in_process(self) -> float | None:
+        """Seconds the main process takes to load the epoch's first batch itself (median of
+        three), when only stoker's code loads it (nothing runs that could be seen, nothing
+        is drawn); else None. Workers' time per batch overstates it: they share the cores
+        with each other and the main process."""
+        fetcher = self._loader._make_fetcher()
+        if fetcher.draws or self._probe is None:
+            return None
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fetcher.fetch(self._probe)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[1]
 
     def _end(self) -> None:
         if not self._persistent:
@@ -241,6 +257,8 @@ class MultiWorkerIterator:
             except StopIteration:
                 self._tasks_done = True
                 break
+            if self._probe is None:
+                self._probe = task
             if self._iterable:
                 self._next_worker = (wid + 1) % self._num_workers
             if self._group > 1 and self._group_tasks and self._yielded:  # first one alone
@@ -362,7 +380,8 @@ class MultiWorkerIterator:
                 self._epoch_state.finish()
                 if self._tuner is not None and self._judged_by_this_epoch():
                     began = self._created if self._generation == 1 else self._drawing
-                    self._tuner.epoch_done(self._stats, self._stats.last - began)
+                    seconds = self._stats.last - began
+                    self._tuner.epoch_done(self._stats, seconds, self._load_in_process)
                 self._loader._batch_profile = self._profile()  # the next epoch's tail plan
                 self._end()
                 raise StopIteration
