@@ -22,17 +22,17 @@ in-memory arrays) cost more to send than to make. So at the end of an epoch with
 that were busy less than ``_BUSY_SHARE`` of it (more of them would not help), if a batch's
 load time (the workers' mean, or where only stoker's code loads it, the main process's own
 time for one, measured: workers sharing the cores take longer) plus the loop's own time per
-batch (what loading in process would take) is below the time per batch the workers
-achieved, by ``_MIN_GAIN``, the next epoch runs in process as a trial; it stays there only if it was faster, else the worker count comes back (and
-another trial may follow after 2, then 4, 8... epochs: a trial slowed by a stall of the
-machine does not decide for good). Fresh workers are judged with their start, which every
-epoch pays; persistent ones by an epoch that started none (spawned or forkserver workers
-take long to start, once). Not with ``worker_init_fn`` (it would not run) or ``timeout``
-(the main process cannot time itself out). A fixed ``num_workers`` gets this comparison
-too when none of the user's code runs in a worker (a TensorDataset of arrays, or a Subset,
-Concat or Stack of them, with the default collate: see
-:func:`~stoker._dataset.draws_nothing`): where such batches are gathered cannot be seen,
-except in the time they take.
+batch (what loading in process would take) is below the time per batch the workers achieved,
+by ``_MIN_GAIN``, the next epoch runs in process as a trial; it stays there only if it was
+faster, else the worker count comes back (and another trial may follow after 2, then 4, 8...
+epochs: a trial slowed by a stall of the machine does not decide for good). Fresh workers
+are judged with their start, which every epoch pays; persistent ones by an epoch that
+started none (spawned or forkserver workers take long to start, once). Not with
+``worker_init_fn`` (it would not run) or ``timeout`` (the main process cannot time itself
+out). A fixed ``num_workers`` gets this comparison too when none of the user's code runs in
+a worker (a TensorDataset of arrays, or a Subset, Concat or Stack of them, with the default
+collate: see :func:`~stoker._dataset.draws_nothing`): where such batches are gathered cannot
+be seen, except in the time they take.
 
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
 delivered in order, whichever worker made it. Every decision is logged (logger
