@@ -1,11 +1,11 @@
 """W3, tiny samples: 200k pairs (8 float32, int64 label), batch 256, shuffled, one epoch.
 
-Runs torch.utils.data.DataLoader and stoker's DataLoader side by side (stoker on NumPy
-arrays and on torch tensors; with workers, both also with persistent workers, and stoker
-also with the same rows in a dataset class of the user's, which keeps its workers, and in
-process for comparison), alternating,
-and prints the median samples/s and ratios; grain and torchdata's StatefulDataLoader run
-the same workload when installed (``benchmarks/peers.py``), else they are left out.
+Runs torch.utils.data.DataLoader and stoker's DataLoader side by side, alternating, and
+prints the median samples/s and ratios: stoker on NumPy arrays and on torch tensors; with
+workers, both also with persistent workers, and stoker also with the same rows in a
+dataset class of the user's (which keeps its workers) and in process, for comparison.
+grain and torchdata's StatefulDataLoader run the same workload when installed
+(``benchmarks/peers.py``), else they are left out.
 
     python benchmarks/w3_tiny.py [--workers N] [--repeats R] [--warmup W] [--stoker-only]
 
