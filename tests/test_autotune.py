@@ -313,6 +313,21 @@ def test_a_fixed_count_keeps_its_workers_where_user_code_runs(kw: dict[str, Any]
     assert (loader.statistics().num_workers, loader.statistics().autotune) == (2, ())
 
 
+def _no_init(worker_id: int) -> None:
+    """A worker_init_fn that does nothing (but would run in the workers)."""
+
+
+def test_a_setting_that_lets_user_code_into_workers_brings_them_back() -> None:
+    """The decision holds for the settings it was made with: once the loader loads in
+    process, giving it a worker_init_fn (which must run in workers) brings the workers back."""
+    loader: DataLoader[Any] = DataLoader(TensorDataset(_rows()), batch_size=4, num_workers=2)
+    _epochs_until(loader, "stay in process")
+    assert loader.statistics().num_workers == 0
+    loader.worker_init_fn = _no_init
+    assert len(list(loader)) == 256
+    assert (loader.statistics().num_workers, loader.statistics().autotune) == (2, ())
+
+
 def test_persistent_workers_wait_out_an_in_process_trial() -> None:
     """Persistent workers are kept through the in-process trial; when it is slower (a slow
     loop here), the same workers load the next epoch."""

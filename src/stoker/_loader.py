@@ -469,12 +469,7 @@ class DataLoader(Generic[T_co]):
         """The loader's autotuner: when ``num_workers`` or ``prefetch_factor`` is "auto", or
         when a fixed worker count may load in process instead (see
         :func:`~stoker._autotune.may_load_in_process`); made again when the settings it
-        depends on change."""
-        if self.num_workers == 0:
-            self._tuner = None
-            return None
-        from stoker._autotune import Autotuner, may_load_in_process
-
+        depends on change (the dataset and sampler cannot)."""
         key = (
             self.num_workers,
             self.prefetch_factor,
@@ -483,12 +478,16 @@ class DataLoader(Generic[T_co]):
             self.timeout,
             self.collate_fn,
         )
-        auto = self.num_workers == "auto" or self.prefetch_factor == "auto"
-        if not auto and not may_load_in_process(self):
-            self._tuner = None
-        elif self._tuner is None or self._tuner_key != key:
-            self._tuner = Autotuner.for_loader(self)
+        if key == self._tuner_key:
+            return self._tuner
         self._tuner_key = key
+        self._tuner = None
+        if self.num_workers != 0:  # a loader without workers never imports the tuner
+            from stoker._autotune import Autotuner, may_load_in_process
+
+            auto = self.num_workers == "auto" or self.prefetch_factor == "auto"
+            if auto or may_load_in_process(self):
+                self._tuner = Autotuner.for_loader(self)
         return self._tuner
 
     def _pool_workers(self) -> int:
