@@ -6,7 +6,9 @@ import pickle
 import random
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,6 +104,44 @@ def test_other_filters_stay_on_pillow(
     monkeypatch.setattr(_fused, "_TORCH_RESAMPLE", False)
     second = _outputs(ds, range(2))
     assert calls == [] and all(np.array_equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+@pytest.mark.parametrize("view", ["plain", "vflip", "hflip", "both", "crop", "read-only"])
+def test_torch_normalize_gives_numpys_values_bit_for_bit(
+    view: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ToTensor + Normalize by torch equal NumPy's, for flipped and cropped views too."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a worker: torch normalises only then
+    calls: list[object] = []
+    monkeypatch.setattr(_fused, "_torch_normalize", _counted(_fused._torch_normalize, calls))
+    p = _fused.plan(_train_tf())
+    assert p is not None
+    a = np.random.default_rng(0).integers(0, 256, (37, 41, 3), dtype=np.uint8)
+    views = {"plain": a, "vflip": a[::-1], "hflip": a[:, ::-1], "both": a[::-1, ::-1]}
+    views["crop"] = a[3:20, 5:30][:, ::-1]
+    views["read-only"] = a.copy()
+    views["read-only"].flags.writeable = False  # torch does not wrap it: NumPy does the work
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch warns when it wraps a read-only array
+            by_torch = _fused.normalize(p, views[view])
+    finally:
+        torch.set_num_threads(threads)
+    assert len(calls) == (view != "read-only")
+    monkeypatch.setattr(_fused, "_TORCH_NORMALIZE", False)
+    assert np.array_equal(by_torch, _fused.normalize(p, views[view]))
+
+
+def _counted(fn: Any, calls: list[object]) -> Any:
+    """``fn``, appending its first argument to ``calls`` on each call."""
+
+    def spy(*args: Any) -> Any:
+        calls.append(args[0])
+        return fn(*args)
+
+    return spy
 
 
 def test_fast_path_never_imports_torch(photos: Path) -> None:
