@@ -26,6 +26,7 @@ from stoker import DataLoader, Dataset, IterableDataset, TensorDataset, get_work
 from stoker._engine import _multi
 from stoker._engine._shm import Arena, SegmentMaps, unlink_prefix
 from stoker._engine._transport import decode, encode
+from stoker._random import seed_globals
 
 MODES = [
     pytest.param({"worker_mode": "thread"}, id="thread"),
@@ -239,6 +240,31 @@ def test_thread_workers_hand_the_main_threads_rng_streams_back() -> None:
     assert first[1] != second[1]
     torch.manual_seed(1)
     assert first[2] == torch.rand(()).item()
+
+
+@pytest.mark.parametrize("bad_fork", [False, True])
+def test_workers_seed_cuda_only_where_it_can_start(
+    bad_fork: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker forked after its parent started CUDA (torch's "bad fork": CUDA cannot start
+    there) seeds only torch's CPU generator, as torch.manual_seed would only record its
+    stack (3-5 ms); where CUDA may start, a CUDA build gets torch.manual_seed. This suite's
+    torch is a CPU build: the CUDA build and the fork state are stood in for."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch._C, "_has_cuda", True)
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: bad_fork)
+    called: list[int] = []
+    monkeypatch.setattr(torch, "manual_seed", called.append)
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        seed_globals(5, every_device=True)
+        assert called == ([] if bad_fork else [5])
+        if bad_fork:
+            assert torch.initial_seed() == 5  # the CPU generator, seeded directly
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

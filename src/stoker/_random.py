@@ -133,13 +133,17 @@ def seed_globals(seed: int, every_device: bool = False) -> None:
 
 
 def _has_accelerators(torch: Any) -> bool:
-    """Whether this torch build has a device besides the CPU that ``torch.manual_seed``
-    seeds. On a CPU build that call only costs: before CUDA starts, it records the stack
-    of the call (reading source files, milliseconds in a new worker)."""
+    """Whether this process may use a device besides the CPU that ``torch.manual_seed``
+    seeds. Where it cannot, that call only costs: before CUDA starts, it records the stack
+    of the call (reading source files, 3-5 ms in a new worker). A CPU build has no such
+    device; nor has CUDA a child forked after its parent started CUDA (torch's "bad fork":
+    CUDA cannot start there), which is every worker of a training script that moved its
+    model to the GPU first."""
     c = torch._C
     custom = getattr(c, "_get_privateuse1_backend_name", lambda: "")()
+    bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", lambda: False)
     return bool(
-        getattr(c, "_has_cuda", True)
+        (getattr(c, "_has_cuda", True) and not bad_fork())
         or getattr(c, "_has_mps", True)
         or getattr(c, "_has_xpu", True)
         or getattr(c, "_mtia_isBuilt", lambda: True)()
