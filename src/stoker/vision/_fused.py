@@ -23,8 +23,9 @@ Pillow, whose filter runs on just the rectangle it reads, copied into a Pillow i
 Resize [+ CenterCrop], which must match torchvision (torch's kernel resizing the whole
 image came within 2/255 of it, not 1/255), other filters (torch's bicubic differs by up to
 3/255), and a DCT-scaled crop whose box is not on whole pixels.
-ToTensor + Normalize run on torch's kernels too when torch is already imported (the same
-float32 operations, so the same values; faster on interleaved and flipped images).
+ToTensor + Normalize run on torch's kernels too when torch is already imported and runs one
+thread, as in a worker (the same float32 operations, so the same values; faster on
+interleaved and flipped images).
 
 Resize [+ CenterCrop] (evaluation, deterministic) with Pillow matches the plain path, and so
 torchvision, to float rounding (at most 1/255): full-scale decode with the accurate integer
