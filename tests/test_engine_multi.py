@@ -243,22 +243,26 @@ def test_thread_workers_hand_the_main_threads_rng_streams_back() -> None:
 
 
 @pytest.mark.parametrize("bad_fork", [False, True])
-def test_workers_seed_cuda_only_where_it_can_start(
+def test_workers_seed_cuda_only_where_it_can_start_and_read_no_stack(
     bad_fork: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker forked after its parent started CUDA (torch's "bad fork": CUDA cannot start
     there) seeds only torch's CPU generator, as torch.manual_seed would only record its
-    stack (3-5 ms); where CUDA may start, a CUDA build gets torch.manual_seed. This suite's
-    torch is a CPU build: the CUDA build and the fork state are stood in for."""
+    stack (3-5 ms); where CUDA may start, a CUDA build gets torch.manual_seed, with
+    ``sys.tracebacklimit`` 0 meanwhile (no stack read) and the caller's limit afterwards.
+    This suite's torch is a CPU build: the CUDA build and the fork state are stood in for."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch._C, "_has_cuda", True)
     monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: bad_fork)
-    called: list[int] = []
-    monkeypatch.setattr(torch, "manual_seed", called.append)
+    monkeypatch.setattr(sys, "tracebacklimit", 7, raising=False)
+    called: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        torch, "manual_seed", lambda seed: called.append((seed, sys.tracebacklimit))
+    )
     states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
     try:
         seed_globals(5, every_device=True)
-        assert called == ([] if bad_fork else [5])
+        assert called == ([] if bad_fork else [(5, 0)]) and sys.tracebacklimit == 7
         if bad_fork:
             assert torch.initial_seed() == 5  # the CPU generator, seeded directly
     finally:

@@ -8,6 +8,7 @@ seed, a ``numpy.random.Generator`` or a ``torch.Generator``.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -127,18 +128,38 @@ def seed_globals(seed: int, every_device: bool = False) -> None:
     torch = _torch.loaded()
     if torch is not None:
         if every_device and _has_accelerators(torch):
-            torch.manual_seed(seed)
+            _seed_every_device(torch, seed)
         else:
             torch.default_generator.manual_seed(seed)
 
 
+def _seed_every_device(torch: Any, seed: int) -> None:
+    """``torch.manual_seed(seed)``, without the stack it records for CUDA.
+
+    Before CUDA starts, torch queues the seeding of its generators with the formatted stack
+    of the call, for an error message should that seeding fail later; formatting it reads
+    the source file of every frame, 3-5 ms in a new worker. ``sys.tracebacklimit = 0``
+    makes that stack empty. Called at a worker process's start only, before it runs any
+    code of the user's.
+    """
+    had = hasattr(sys, "tracebacklimit")
+    limit = getattr(sys, "tracebacklimit", None)
+    sys.tracebacklimit = 0
+    try:
+        torch.manual_seed(seed)
+    finally:
+        if had:
+            sys.tracebacklimit = limit
+        else:
+            del sys.tracebacklimit
+
+
 def _has_accelerators(torch: Any) -> bool:
     """Whether this process may use a device besides the CPU that ``torch.manual_seed``
-    seeds. Where it cannot, that call only costs: before CUDA starts, it records the stack
-    of the call (reading source files, 3-5 ms in a new worker). A CPU build has no such
-    device; nor has CUDA a child forked after its parent started CUDA (torch's "bad fork":
-    CUDA cannot start there), which is every worker of a training script that moved its
-    model to the GPU first."""
+    seeds; where it cannot, that call only costs (see :func:`_seed_every_device`). A CPU
+    build has no such device; nor has CUDA a child forked after its parent started CUDA
+    (torch's "bad fork": CUDA cannot start there), which is every worker of a training
+    script that moved its model to the GPU first."""
     c = torch._C
     custom = getattr(c, "_get_privateuse1_backend_name", lambda: "")()
     bad_fork = getattr(getattr(torch, "cuda", None), "_is_in_bad_fork", lambda: False)
