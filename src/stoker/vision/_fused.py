@@ -93,7 +93,8 @@ _FAST_RANDOM_DECODE = True
 _TORCH_RESAMPLE = True
 """Whether bilinear resampling uses torch's uint8 kernel when torch is already imported."""
 _TORCH_NORMALIZE = True
-"""Whether ToTensor + Normalize run on torch's kernels when torch is already imported."""
+"""Whether ToTensor + Normalize run on torch's kernels where torch is imported and runs one
+thread (see :func:`_torch_may_normalize`)."""
 _local = threading.local()  # per thread: the reusable batch arrays
 
 
@@ -303,10 +304,10 @@ def _torch_normalize(
 ) -> None:
     """:func:`normalize` by torch: the same float32 operations, so the same values, bit for bit.
 
-    NumPy casts an interleaved uint8 image to planar float32 one value at a time, and more
-    slowly still through a flip's negative stride; torch's vectorised copy casts and
-    transposes in one pass (on W4's 224 x 224 crops, 64 us an image against 85 unflipped and
-    73 against 144 flipped). torch takes no negative strides: a flip is undone in the view
+    NumPy casts an interleaved uint8 image to planar float32 through a buffer, and more
+    slowly still through a flip's negative stride; torch's copy casts and transposes in one
+    pass (on W4's 224 x 224 crops, 64 us an image against 85 unflipped and 73 against 144
+    flipped). torch takes no negative strides: a flip is undone in the view
     and redone by ``flip`` on the uint8 image.
     """
     dims = []
