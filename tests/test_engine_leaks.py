@@ -14,6 +14,7 @@ import pytest
 
 from conftest import _snapshot, leftovers
 from stoker import DataLoader, TensorDataset
+from stoker._engine import _pool
 
 
 def test_thousand_iterators_leave_nothing_behind() -> None:
@@ -43,6 +44,27 @@ def _join_reapers(timeout_s: float = 5.0) -> None:
     for t in threading.enumerate():
         if t.name == "stoker-reaper":
             t.join(timeout_s)
+
+
+def test_the_reaper_starts_before_the_workers_are_told_to_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thread that waits for the workers' exits is running before they stop: started
+    while they tear down their address spaces, it waited for a core (~4 ms), and so did
+    the loop that ended the epoch. It ends once they have exited."""
+    seen: list[bool] = []
+    said_bye = _pool._said_bye
+
+    def spy(w: object, deadline: float) -> bool:
+        seen.append(any(t.name == "stoker-reaper" for t in threading.enumerate()))
+        return said_bye(w, deadline)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_pool, "_said_bye", spy)
+    assert not any(t.name == "stoker-reaper" for t in threading.enumerate())
+    assert len(list(DataLoader(_Rows(np.arange(8)), batch_size=2, num_workers=2))) == 4
+    assert seen == [True, True]
+    _join_reapers()
+    assert not any(t.name == "stoker-reaper" for t in threading.enumerate())
 
 
 def test_segments_of_dead_owners_are_swept() -> None:

@@ -48,6 +48,8 @@ from stoker._engine._worker import BYE, RngGuard, WorkerArgs, process_worker, th
 from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from stoker._loader import DataLoader
 
 _STOP_GRACE_S = 1.0
@@ -403,12 +405,25 @@ class ProcessPool:
         if self._closed or os.getpid() != self._owner:
             return
         self._closed = True
+        reap = _reaper()  # started now, while the workers idle (see _reaper)
+        leaving: list[_ProcWorker] = []
+        try:
+            warm = self._stop(grace_s, leaving)
+        finally:
+            reap(leaving)
+        loader = self._loader_ref()
+        if warm and loader is not None and self._method == "fork":
+            with contextlib.suppress(Exception):  # interpreter exit may have torn it down
+                _WARM[loader] = (_WARM.get(loader, []) + warm)[: self._warm_cap]
+
+    def _stop(self, grace_s: float, leaving: list[_ProcWorker]) -> list[tuple[str, Any]]:
+        """Tell every worker to stop and wait for it (see :meth:`shutdown`); the workers that
+        were started go into ``leaving`` as they stop. Returns the segments to keep warm."""
         for w in self.workers:
             with contextlib.suppress(OSError, ValueError):
                 w.conn.send(None)
         deadline = time.monotonic() + grace_s
         warm: list[tuple[str, Any]] = []
-        leaving: list[_ProcWorker] = []
         for w in self.workers:
             if w.pid is None:  # never started
                 _PARENT_ENDS.discard(w.conn)
@@ -430,11 +445,7 @@ class ProcessPool:
                 warm += w.maps.take_unused(set(out.values()))
             w.maps.clear()
             leaving.append(w)
-        _reap(leaving)
-        loader = self._loader_ref()
-        if warm and loader is not None and self._method == "fork":
-            with contextlib.suppress(Exception):  # interpreter exit may have torn it down
-                _WARM[loader] = (_WARM.get(loader, []) + warm)[: self._warm_cap]
+        return warm
 
 
 def _start_process(proc: Any) -> None:
@@ -469,16 +480,19 @@ def _said_bye(w: _ProcWorker, deadline: float) -> bool:
             return True
 
 
-def _reap(workers: list[_ProcWorker]) -> None:
-    """Wait for the exits of workers that stopped writing, in a short-lived thread.
+def _reaper() -> Callable[[list[_ProcWorker]], None]:
+    """Start a thread that waits for the exits of the workers handed to it; return the hand.
 
     A worker's exit tears down its copy of the main process's address space (~5 ms with
     torch loaded): the loop need not wait for it. A worker that does not exit in time is
-    killed; one that failed has its segments unlinked for it.
+    killed; one that failed has its segments unlinked for it. The thread starts before the
+    workers are told to stop: started while they tear down, it would wait ~4 ms for a core,
+    and ``Thread.start`` with it. The hand must be called once, even with no workers.
     """
+    handed: queue.SimpleQueue[list[_ProcWorker]] = queue.SimpleQueue()
 
     def run() -> None:
-        for w in workers:
+        for w in handed.get():
             w.proc.join(_EXIT_WAIT_S)
             if w.proc.exitcode is None:
                 with contextlib.suppress(OSError):
@@ -490,18 +504,20 @@ def _reap(workers: list[_ProcWorker]) -> None:
                 w.proc.close()  # frees the sentinel descriptor now, not at GC
         _REAPERS.discard(threading.current_thread())
 
-    if not workers:
-        return
+    def now(workers: list[_ProcWorker]) -> None:
+        handed.put(workers)
+        run()
+
     if not threading.main_thread().is_alive():  # interpreter exit: no thread may race
-        run()  # multiprocessing's own join of its children
-        return
+        return now  # multiprocessing's own join of its children
     reaper = threading.Thread(target=run, name="stoker-reaper", daemon=True)
     _REAPERS.add(reaper)
     try:
         reaper.start()
     except RuntimeError:  # the interpreter is shutting down: no new threads
         _REAPERS.discard(reaper)
-        run()
+        return now
+    return handed.put
 
 
 class ThreadPool:
