@@ -223,6 +223,21 @@ def test_a_load_measured_in_process_replaces_the_workers_busy_time(
     assert (tuner.workers == 0) is tried
 
 
+def test_busy_workers_are_not_measured_against_in_process() -> None:
+    """Workers busy most of the epoch are the bottleneck: the main process does not spend
+    time loading a batch itself to compare."""
+    from stoker._autotune import Autotuner
+    from stoker._stats import StatsRecorder
+
+    tuner = Autotuner(2, 2, 2, False, False, shared_memory=True, in_process=True)
+    rec = StatsRecorder(2, batched=True)
+    rec.batches, rec.busy, rec.wait = 100, [0.95, 0.95], 0.9  # busy 95% of a 1 s epoch
+    rec.start, rec.last = 0.0, 1.0
+    calls: list[int] = []
+    tuner.epoch_done(rec, seconds=1.0, load_in_process=lambda: calls.append(1) or 0.001)
+    assert calls == [] and tuner.workers == 2
+
+
 def test_a_lost_trial_is_tried_again_after_more_and_more_epochs() -> None:
     """A trial that loses (here every one: in process takes twice the time) brings the
     workers back, and another comes after 2, then 4 epochs with workers: one trial slowed by
@@ -273,9 +288,8 @@ def _epochs_until(loader: DataLoader[Any], decision: str, limit: int = 12) -> in
     comparison may fall either way, but not a dozen in a row)."""
     for epoch in range(1, limit + 1):
         assert len(list(loader)) == 256
-        if loader.statistics().autotune[-1:] and loader.statistics().autotune[-1].startswith(
-            decision
-        ):
+        decisions = loader.statistics().autotune
+        if decisions and decisions[-1].startswith(decision):
             return epoch
     raise AssertionError(f"no {decision!r} in {limit} epochs: {loader.statistics().autotune}")
 

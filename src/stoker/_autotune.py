@@ -257,7 +257,8 @@ class Autotuner:
 
         Args:
             load_in_process: measures a batch's load time in process, or gives None; else
-                (or then) the workers' mean busy time per batch stands for it.
+                (or then) the workers' mean busy time per batch stands for it. Called only
+                when the workers were idle enough for the answer to matter.
         """
         if not self._in_process or rec.batches < _MIN_EPOCH_BATCHES:
             return
@@ -282,10 +283,12 @@ class Autotuner:
             return
         load = sum(rec.busy) / rec.batches
         busy = load / (self.workers * per_batch)
+        if busy >= _BUSY_SHARE:  # the workers are the bottleneck: measuring could not help
+            return
         measured = load_in_process() if load_in_process is not None else None
         load = load if measured is None else measured
         loop = max(0.0, rec.last - rec.start - rec.wait) / rec.batches  # outside __next__
-        if busy < _BUSY_SHARE and (load + loop) * (1 + _MIN_GAIN) < per_batch:
+        if (load + loop) * (1 + _MIN_GAIN) < per_batch:
             self._trial = (self.workers, per_batch)
             self.workers = 0
             self.decide(

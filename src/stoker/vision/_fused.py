@@ -307,8 +307,8 @@ def _torch_normalize(
     NumPy casts an interleaved uint8 image to planar float32 through a buffer, and more
     slowly still through a flip's negative stride; torch's copy casts and transposes in one
     pass (on W4's 224 x 224 crops, 64 us an image against 85 unflipped and 73 against 144
-    flipped). torch takes no negative strides: a flip is undone in the view
-    and redone by ``flip`` on the uint8 image.
+    flipped). torch takes no negative strides: a flip is undone in the view and redone by
+    ``flip`` on the uint8 image.
     """
     dims = []
     if hwc.strides[0] < 0:
