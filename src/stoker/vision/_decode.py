@@ -32,6 +32,10 @@ try:  # optional: a faster libjpeg-turbo binding
     import simplejpeg as _simplejpeg
 except ImportError:  # pragma: no cover - exercised where simplejpeg is missing
     _simplejpeg = None
+try:  # optional: stoker's own extension, built where libjpeg-turbo's headers are (setup.py)
+    from stoker.vision import _native
+except ImportError:  # pragma: no cover - exercised where it could not be built
+    _native = None  # type: ignore[assignment]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _EOI = b"\xff\xd9"
@@ -215,6 +219,53 @@ def decode_scaled(
         return _pillow_draft(data, width, height, divisor)
     except (*_DECODE_ERRORS, Image.DecompressionBombError) as exc:
         raise decode_error(path, exc) from exc
+
+
+def decodes_regions() -> bool:
+    """Whether :func:`decode_region` is available (stoker's extension was built)."""
+    return _native is not None
+
+
+def decode_region(
+    data: bytes,
+    path: str,
+    size: tuple[int, int],
+    divisor: int,
+    rect: tuple[int, int, int, int],
+    fast: bool,
+) -> np.ndarray[Any, Any]:
+    """The rectangle ``rect`` = (top, left, bottom, right) of a JPEG at 1/``divisor`` scale.
+
+    Only what the rectangle needs is decoded: the rows above it are entropy-decoded and
+    skipped, the columns beside it (beyond whole blocks) are not converted, and decoding
+    stops below it. The pixels are those of a full decode with the same settings, cut to
+    ``rect``, with plain chroma upsampling; ``fast`` takes the fast integer IDCT. The result,
+    ``(bottom - top, right - left, 3)`` uint8 and C-contiguous, lies in this thread's decode
+    buffer (see :func:`decode_scaled`). Needs :func:`decodes_regions`.
+
+    Args:
+        data: the JPEG file's bytes.
+        path: the file, for error messages.
+        size: the full-size (height, width), from the header.
+        divisor: 1, 2, 4 or 8, the DCT scale.
+        rect: the rectangle, in pixels of the scaled image.
+        fast: use the fast integer IDCT (for random augmentation only).
+
+    Raises:
+        OSError: when the data is corrupt or truncated (the message names ``path``).
+    """
+    assert _native is not None, "decode_region needs stoker.vision._native"
+    height, width = size
+    check_pixels(width, height, path)
+    top, left, bottom, right = rect
+    shape = (bottom - top, right - left, 3)
+    out = _decode_buffer(math.prod(shape))[: math.prod(shape)].reshape(shape)
+    try:
+        # As with simplejpeg: strict only for a file that lacks its end-of-image marker.
+        _native.decode(data, out, divisor, top, left, bottom, right, fast, not data.endswith(_EOI))
+    except _DECODE_ERRORS as exc:
+        raise decode_error(path, exc) from exc
+    return out
 
 
 def with_height(data: bytes, rows: int) -> bytes | None:

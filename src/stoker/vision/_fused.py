@@ -75,6 +75,11 @@ from stoker import _torch, _worker_info
 from stoker._batch import Alloc, ColumnBatch
 from stoker._worker_info import get_worker_info
 from stoker.vision import _decode
+
+try:  # stoker's optional C kernels (see setup.py)
+    from stoker.vision import _native
+except ImportError:  # pragma: no cover - exercised where they could not be built
+    _native = None  # type: ignore[assignment]
 from stoker.vision.transforms._base import Compose, pil_filter
 from stoker.vision.transforms._geometric import (
     CenterCrop,
@@ -261,11 +266,16 @@ def pixels(p: FusedPlan, job: Job, own: bool = False) -> np.ndarray[Any, Any]:
     oh, ow = job.out
     # Only the random crop decodes at reduced scale: Resize must match torchvision exactly.
     divisor = _decode.dct_divisor(bh, bw, oh, ow) if random_crop else 1
-    # The random crop needs the rows down to its bottom only: the decoder stops there.
-    rows = math.ceil(top + bh) if random_crop else None
-    src = _decode.decode_scaled(job.data, job.path, job.size, divisor, p.fast_decode, rows)
+    origin = (0, 0)
+    src: _decode.Decoded
+    if random_crop and p.fast_decode and _decode.decodes_regions():
+        origin, src = _decode_crop(job, divisor)
+    else:
+        # The random crop needs the rows down to its bottom only: the decoder stops there.
+        rows = math.ceil(top + bh) if random_crop else None
+        src = _decode.decode_scaled(job.data, job.path, job.size, divisor, p.fast_decode, rows)
     flt = pil_filter(p.geometry.interpolation)
-    hwc = _resample(src, job, divisor, random_crop, flt)
+    hwc = _resample(src, job, divisor, random_crop, flt, origin)
     if own and isinstance(src, np.ndarray) and np.shares_memory(hwc, src):
         hwc = hwc.copy()
     for vertical in job.flips:
@@ -283,6 +293,8 @@ def normalize(
     """
     if out is None:
         out = np.empty((3, *hwc.shape[:2]), dtype=np.float32)
+    if _native is not None and _native_normalize(p, hwc, out):
+        return out
     torch = _torch.loaded() if _TORCH_NORMALIZE else None
     if torch is not None and _torch_may_normalize(torch, hwc, out):
         _torch_normalize(torch, p, hwc, out)
@@ -290,6 +302,21 @@ def normalize(
     np.multiply(hwc.transpose(2, 0, 1), p.scale, out=out)
     np.subtract(out, p.offset, out=out)
     return out
+
+
+def _native_normalize(p: FusedPlan, hwc: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
+    """:func:`normalize` by stoker's extension, in one pass through a table of the 256
+    values per channel (the same float32 operations as NumPy's, so the same values); False,
+    having done nothing, for layouts it does not take."""
+    assert _native is not None
+    vflip, hflip = hwc.strides[0] < 0, hwc.strides[1] < 0
+    base = hwc[::-1] if vflip else hwc
+    base = base[:, ::-1] if hflip else base
+    if base.strides[1:] != (3, 1) or not out.flags.c_contiguous or out.dtype != np.float32:
+        return False
+    scale, offset = p.scale.ravel().tolist(), p.offset.ravel().tolist()
+    _native.normalize(base, out, hflip, vflip, scale, offset)
+    return True
 
 
 def _torch_may_normalize(torch: Any, hwc: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
@@ -322,10 +349,30 @@ def _torch_normalize(
     dst.sub_(torch.from_numpy(p.offset))
 
 
+def _decode_crop(job: Job, divisor: int) -> tuple[tuple[int, int], np.ndarray[Any, Any]]:
+    """The whole pixels that the job's crop covers at 1/``divisor`` scale, decoded alone
+    (:func:`_decode.decode_region`), and the (row, column) of their corner in the scaled
+    image."""
+    height, width = job.size
+    top, left, bh, bw = job.box
+    y0, x0 = math.floor(top / divisor), math.floor(left / divisor)
+    y1 = min(math.ceil(height / divisor), math.ceil((top + bh) / divisor))
+    x1 = min(math.ceil(width / divisor), math.ceil((left + bw) / divisor))
+    rect = (y0, x0, y1, x1)
+    return (y0, x0), _decode.decode_region(job.data, job.path, job.size, divisor, rect, True)
+
+
 def _resample(
-    src: _decode.Decoded, job: Job, divisor: int, crop_first: bool, flt: int
+    src: _decode.Decoded,
+    job: Job,
+    divisor: int,
+    crop_first: bool,
+    flt: int,
+    origin: tuple[int, int] = (0, 0),
 ) -> np.ndarray[Any, Any]:
     """The job's box of the decoded ``src`` resampled to the output size, as H x W x 3 uint8.
+
+    ``src`` is the scaled image, or only its part from ``origin`` = (row, column) on.
 
     With ``crop_first`` (RandomResizedCrop) the filter sees only the crop, as when the plain
     path crops and then resizes; otherwise (Resize [+ CenterCrop]) it sees the pixels around
@@ -338,12 +385,13 @@ def _resample(
     # A DCT-scaled image is exactly 1/divisor of the full one (a last partial block rounds
     # its size up); Pillow's draft mode may have chosen another scale.
     fx = fy = 1 / divisor
-    if dw != math.ceil(width / divisor):
+    if isinstance(src, Image.Image) and dw != math.ceil(width / divisor):
         fx, fy = dw / width, dh / height
     top, left, bh, bw = job.box
     oh, ow = job.out
-    x0, y0 = left * fx, top * fy
-    x1, y1 = min(dw, (left + bw) * fx), min(dh, (top + bh) * fy)
+    oy, ox = origin
+    x0, y0 = left * fx - ox, top * fy - oy
+    x1, y1 = min(dw, (left + bw) * fx - ox), min(dh, (top + bh) * fy - oy)
     if crop_first or (x0, y0, x1, y1) == (0, 0, dw, dh):
         rl, rt, rr, rb = math.floor(x0), math.floor(y0), math.ceil(x1), math.ceil(y1)
     else:  # every pixel the filter reaches: Lanczos, the widest, reads 3 x scale around

@@ -1,0 +1,26 @@
+"""Types of stoker's optional C kernels (``_native.c``)."""
+
+from collections.abc import Sequence
+from typing import Any
+
+LIBJPEG_TURBO_VERSION: int
+
+def decode(
+    data: Any,
+    out: Any,
+    divisor: int,
+    top: int,
+    left: int,
+    bottom: int,
+    right: int,
+    fast: bool,
+    strict: bool,
+) -> tuple[int, int]: ...
+def normalize(
+    src: Any,
+    out: Any,
+    hflip: bool,
+    vflip: bool,
+    scale: Sequence[float],
+    offset: Sequence[float],
+) -> None: ...
