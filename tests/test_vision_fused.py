@@ -42,9 +42,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     resize = _fused._torch_resize
 
-    def spy(torch, hwc, oh, ow):  # type: ignore[no-untyped-def]
+    def spy(torch, *args):  # type: ignore[no-untyped-def]
         seen.append(torch.get_num_threads())
-        return resize(torch, hwc, oh, ow)
+        return resize(torch, *args)
 
     monkeypatch.setattr(_fused, "_torch_resize", spy)
     return seen
@@ -82,6 +82,9 @@ def test_torch_resample_writes_interleaved_pixels() -> None:
     crop = np.random.default_rng(0).integers(0, 256, (90, 120, 3), dtype=np.uint8)[5:80, 7:100]
     out = _fused._torch_resize(torch, crop, 32, 40)
     assert out.shape == (32, 40, 3) and out.flags.c_contiguous
+    given = np.zeros((32, 40, 3), np.uint8)
+    into = _fused._torch_resize(torch, crop, 32, 40, given)
+    assert into is given and np.array_equal(given, out)  # written in place, the same pixels
 
 
 @pytest.mark.parametrize("geometry", [(T.Resize(256), T.CenterCrop(224)), (T.Resize((96, 80)),)])

@@ -257,15 +257,16 @@ def execute(
     return normalize(p, pixels(p, job), out)
 
 
-def pixels(p: FusedPlan, job: Job, own: bool = False) -> np.ndarray[Any, Any]:
+def pixels(p: FusedPlan, job: Job, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
     """The job's image decoded, resampled and flipped: H x W x 3 uint8 (possibly a view).
 
     Args:
         p: the plan.
         job: the image and its random draws.
-        own: never return a view of this thread's decode buffer, which the next decode
-            overwrites (only a crop of exactly the output size needs no resample and so
-            would be such a view).
+        out: the C-contiguous output-sized H x W x 3 uint8 array to write the image into
+            (the result is then ``out`` or a flipped view of it). Without it, the result
+            may be a view of this thread's decode buffer, which the next decode
+            overwrites (a crop of exactly the output size needs no resample).
 
     Raises:
         OSError: for a corrupt or truncated file (the message names it).
@@ -284,9 +285,10 @@ def pixels(p: FusedPlan, job: Job, own: bool = False) -> np.ndarray[Any, Any]:
         rows = math.ceil(top + bh) if random_crop else None
         src = _decode.decode_scaled(job.data, job.path, job.size, divisor, p.fast_decode, rows)
     flt = pil_filter(p.geometry.interpolation)
-    hwc = _resample(src, job, divisor, random_crop, flt, origin)
-    if own and isinstance(src, np.ndarray) and np.shares_memory(hwc, src):
-        hwc = hwc.copy()
+    hwc = _resample(src, job, divisor, random_crop, flt, origin, out)
+    if out is not None and hwc is not out:  # Pillow's image, or a view of the decode buffer
+        np.copyto(out, hwc)
+        hwc = out
     for vertical in job.flips:
         hwc = hwc[::-1] if vertical else hwc[:, ::-1]
     return hwc
@@ -378,10 +380,12 @@ def _resample(
     crop_first: bool,
     flt: int,
     origin: tuple[int, int] = (0, 0),
+    out: np.ndarray[Any, Any] | None = None,
 ) -> np.ndarray[Any, Any]:
     """The job's box of the decoded ``src`` resampled to the output size, as H x W x 3 uint8.
 
-    ``src`` is the scaled image, or only its part from ``origin`` = (row, column) on.
+    ``src`` is the scaled image, or only its part from ``origin`` = (row, column) on. torch
+    writes its result into ``out`` when it is given; the other paths return their own.
 
     With ``crop_first`` (RandomResizedCrop) the filter sees only the crop, as when the plain
     path crops and then resizes; otherwise (Resize [+ CenterCrop]) it sees the pixels around
@@ -412,7 +416,7 @@ def _resample(
         return src[rt:rb, rl:rr]  # nothing to resample
     torch = _torch_for(flt) if crop_first and exact else None
     if torch is not None and isinstance(src, np.ndarray):
-        return _torch_resize(torch, src[rt:rb, rl:rr], oh, ow)
+        return _torch_resize(torch, src[rt:rb, rl:rr], oh, ow, out)
     img = _decode.region(src, rl, rt, rr, rb)
     if exact:
         img = img.resize((ow, oh), flt) if img.size != (ow, oh) else img
@@ -433,8 +437,11 @@ def _torch_for(flt: int) -> Any:
     return _torch.loaded()
 
 
-def _torch_resize(torch: Any, hwc: np.ndarray[Any, Any], oh: int, ow: int) -> np.ndarray[Any, Any]:
-    """The H x W x 3 uint8 ``hwc`` (any row stride) resized to ``oh`` x ``ow`` by torch.
+def _torch_resize(
+    torch: Any, hwc: np.ndarray[Any, Any], oh: int, ow: int, out: np.ndarray[Any, Any] | None = None
+) -> np.ndarray[Any, Any]:
+    """The H x W x 3 uint8 ``hwc`` (any row stride) resized to ``oh`` x ``ow`` by torch, into
+    ``out`` (C-contiguous ``oh`` x ``ow`` x 3 uint8) when given.
 
     The input is copied once into channels-last order, the layout of torch's vectorised
     uint8 kernel (faster than handing it the strided view); the output is H x W x 3. NumPy
@@ -442,12 +449,19 @@ def _torch_resize(torch: Any, hwc: np.ndarray[Any, Any], oh: int, ow: int) -> np
     threads of the main process then oversubscribe (W4 in process: 10% slower). The batch
     dimension comes first, so that the strides are channels-last's own: torch then writes
     its output channels-last too, and does not repack it into planes (15% of a resample).
+    Writing into ``out`` (torch's ``out=`` variant of the same kernel) takes no fresh memory
+    per image: in a new worker process fresh memory costs page faults, and allocating each
+    image's output made about half of a W4 worker's (~14 an image).
     """
     t = torch.from_numpy(np.ascontiguousarray(hwc))[None].permute(0, 3, 1, 2)
-    r = torch.nn.functional.interpolate(
-        t, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
-    )
-    return r[0].permute(1, 2, 0).numpy()  # type: ignore[no-any-return]
+    if out is None:
+        r = torch.nn.functional.interpolate(
+            t, size=(oh, ow), mode="bilinear", antialias=True, align_corners=False
+        )
+        return r[0].permute(1, 2, 0).numpy()  # type: ignore[no-any-return]
+    dst = torch.from_numpy(out)[None].permute(0, 3, 1, 2)
+    torch.ops.aten._upsample_bilinear2d_aa.out(t, [oh, ow], False, None, None, out=dst)
+    return out
 
 
 def finish(p: FusedPlan, image: np.ndarray[Any, Any]) -> Any:
@@ -499,22 +513,23 @@ _FREE_REFS = _refs(_probe[0])
 del _probe
 
 
-def _batch_array(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    """A float32 array of ``shape``: one this thread made before when no view of it is alive.
+def _batch_array(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray[Any, Any]:
+    """An array of ``shape``: one this thread made before when no view of it is alive.
 
-    Samples and collated batches are views of it. While anything still holds a view, its
+    Samples and collated batches (float32), or a batch's resampled images (uint8), are
+    views of it. While anything still holds a view, its
     memory is not handed out again; the thread keeps two arrays, so that the batch a
     training loop still holds while it asks for the next one does not force fresh memory
     (and its page faults) for every batch.
     """
     size = int(np.prod(shape))
-    kept: list[np.ndarray[Any, Any]] = _local.__dict__.setdefault("batches", [])
+    kept: list[np.ndarray[Any, Any]] = _local.__dict__.setdefault(np.dtype(dtype).str, [])
     for i in range(len(kept)):  # indices only: a local reference would count as a user
         if kept[i].size >= size and _refs(kept[i]) <= _FREE_REFS:
             return kept[i][:size].reshape(shape)
     if len(kept) >= _KEEP_BATCHES:
         del kept[0]
-    kept.append(np.empty(size, dtype=np.float32))
+    kept.append(np.empty(size, dtype=dtype))
     return kept[-1][:size].reshape(shape)
 
 
@@ -540,12 +555,16 @@ def one_size(jobs: list[Job]) -> bool:
 
 
 def pixels_batch(p: FusedPlan, jobs: list[Job]) -> list[np.ndarray[Any, Any]]:
-    """:func:`pixels` of every job (none a view of a decode buffer), in parallel threads.
+    """:func:`pixels` of every job (of one output size, see :func:`one_size`), in parallel
+    threads, into views of one uint8 batch array (see :func:`_batch_array`).
 
     Raises:
         OSError: for a corrupt or truncated file (the message names it).
     """
-    return _in_threads(lambda job, _: pixels(p, job, own=True), jobs, [None] * len(jobs))
+    batch = _batch_array((len(jobs), *jobs[0].out, 3), np.uint8)
+    outs = list(batch)
+    del batch  # the views alone keep it in use
+    return _in_threads(lambda job, out: pixels(p, job, out), jobs, outs)
 
 
 def _in_threads(fn: Callable[[Any, Any], Any], xs: list[Any], ys: list[Any]) -> list[Any]:
@@ -568,7 +587,7 @@ class FusedBatch(ColumnBatch):
 
     Args:
         plan: the plan that made the pixels.
-        images: per sample, the H x W x 3 uint8 output of :func:`pixels` (``own=True``).
+        images: per sample, the H x W x 3 uint8 output of :func:`pixels_batch`.
         targets: per sample, the class index (an int).
     """
 
