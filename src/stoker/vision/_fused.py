@@ -19,9 +19,9 @@ stoker's optional C kernels (``_native.c``, built where libjpeg-turbo's headers 
 of these steps where they are built: a random crop's rectangle is decoded alone (the rows
 above it are entropy-decoded only, the columns beside it are not converted, decoding stops
 below it: on W4's photos ~8% less decode time than stopping below it only, and the crop
-comes out contiguous for the resampler), and ToTensor + Normalize run through a table of
-the 256 values per channel (NumPy's values bit for bit, in about two thirds of NumPy's
-time). Without them, simplejpeg decodes the image's full width down to the crop's bottom
+comes out contiguous for the resampler), and ToTensor + Normalize run in one pass (SSE4.1
+shuffles, else a table of the 256 values per channel: NumPy's values bit for bit, in a
+third of NumPy's time). Without them, simplejpeg decodes the image's full width down to the crop's bottom
 row, and NumPy or torch normalise: the same values, bit for bit.
 
 The resampler: when torch is already imported (it is never imported for this), the
@@ -56,11 +56,11 @@ order in the calling thread, then runs the decodes and resamples in a small thre
 user set it). The result does not depend on the number of threads. In the main process the
 pool uses the available cores; in worker processes the cores are shared among the workers
 (one thread each on a 2-core machine with 2 workers); thread workers decode in their own
-thread. When every sample of
-the batch took the fast path to one size (with int targets and nothing after Normalize),
-it returns a :class:`FusedBatch` of uint8 images that stoker's collate normalises straight
-into its batch buffer (shared memory in a worker process): the float32 batch is written
-once, not written and then copied. Otherwise same-sized images are written into one float32
+thread. When every sample of the batch took the fast path to one size (with int targets
+and nothing after Normalize), the images are resampled into one uint8 batch array kept per
+thread, and it returns a :class:`FusedBatch` of them that stoker's collate normalises
+straight into its batch buffer (shared memory in a worker process): the float32 batch is
+written once, not written and then copied. Otherwise same-sized images are written into one float32
 batch array, reused once no sample of it is referenced (no fresh memory, so no page faults,
 per batch), and the decode buffer is reused per thread.
 """
