@@ -21,8 +21,8 @@ above it are entropy-decoded only, the columns beside it are not converted, deco
 below it: on W4's photos ~8% less decode time than stopping below it only, and the crop
 comes out contiguous for the resampler), and ToTensor + Normalize run in one pass (SSE4.1
 shuffles, else a table of the 256 values per channel: NumPy's values bit for bit, in a
-third of NumPy's time). Without them, simplejpeg decodes the image's full width down to the crop's bottom
-row, and NumPy or torch normalise: the same values, bit for bit.
+third of NumPy's time). Without them, simplejpeg decodes the image's full width down to
+the crop's bottom row, and NumPy or torch normalise: the same values, bit for bit.
 
 The resampler: when torch is already imported (it is never imported for this), the
 bilinear resampling of a RandomResizedCrop crop on whole pixels runs torch's antialiased
@@ -60,9 +60,9 @@ thread. When every sample of the batch took the fast path to one size (with int 
 and nothing after Normalize), the images are resampled into one uint8 batch array kept per
 thread, and it returns a :class:`FusedBatch` of them that stoker's collate normalises
 straight into its batch buffer (shared memory in a worker process): the float32 batch is
-written once, not written and then copied. Otherwise same-sized images are written into one float32
-batch array, reused once no sample of it is referenced (no fresh memory, so no page faults,
-per batch), and the decode buffer is reused per thread.
+written once, not written and then copied. Otherwise same-sized images are written into one
+float32 batch array, reused once no sample of it is referenced (no fresh memory, so no page
+faults, per batch), and the decode buffer is reused per thread.
 """
 
 from __future__ import annotations
@@ -84,11 +84,6 @@ from stoker import _torch, _worker_info
 from stoker._batch import Alloc, ColumnBatch
 from stoker._worker_info import get_worker_info
 from stoker.vision import _decode
-
-try:  # stoker's optional C kernels (see setup.py)
-    from stoker.vision import _native
-except ImportError:  # pragma: no cover - exercised where they could not be built
-    _native = None  # type: ignore[assignment]
 from stoker.vision.transforms._base import Compose, pil_filter
 from stoker.vision.transforms._geometric import (
     CenterCrop,
@@ -99,6 +94,11 @@ from stoker.vision.transforms._geometric import (
     random_resized_crop_params,
 )
 from stoker.vision.transforms._tensor import Normalize, ToTensor
+
+try:  # stoker's optional C kernels (see setup.py)
+    from stoker.vision import _native
+except ImportError:  # pragma: no cover - exercised where they could not be built
+    _native = None  # type: ignore[assignment]
 
 _PLAIN_COLORSPACES = ("YCbCr", "Gray", "RGB")
 _MAX_THREADS = 8
@@ -316,9 +316,9 @@ def normalize(
 
 
 def _native_normalize(p: FusedPlan, hwc: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> bool:
-    """:func:`normalize` by stoker's extension, in one pass through a table of the 256
-    values per channel (the same float32 operations as NumPy's, so the same values); False,
-    having done nothing, for layouts it does not take."""
+    """:func:`normalize` by stoker's C kernel, in one pass (the same float32 operations as
+    NumPy's, so the same values); False, having done nothing, for layouts it does not take
+    (pixels not 3 bytes apart, an output that is not C-contiguous float32)."""
     assert _native is not None
     vflip, hflip = hwc.strides[0] < 0, hwc.strides[1] < 0
     base = hwc[::-1] if vflip else hwc
@@ -517,10 +517,10 @@ def _batch_array(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray[
     """An array of ``shape``: one this thread made before when no view of it is alive.
 
     Samples and collated batches (float32), or a batch's resampled images (uint8), are
-    views of it. While anything still holds a view, its
-    memory is not handed out again; the thread keeps two arrays, so that the batch a
-    training loop still holds while it asks for the next one does not force fresh memory
-    (and its page faults) for every batch.
+    views of it. While anything still holds a view, its memory is not handed out again; the
+    thread keeps two arrays per dtype, so that the batch a training loop still holds while
+    it asks for the next one does not force fresh memory (and its page faults) for every
+    batch.
     """
     size = int(np.prod(shape))
     kept: list[np.ndarray[Any, Any]] = _local.__dict__.setdefault(np.dtype(dtype).str, [])
