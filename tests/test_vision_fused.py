@@ -1,4 +1,4 @@
-"""Tests of the fused fast path's torch resampler and its lazy FusedBatch (stoker.vision._fused)."""
+"""Tests of the fused fast path's torch resampler and its FusedBatch (stoker.vision._fused)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from PIL import Image
 
 import stoker
 import stoker.vision as V
-from stoker._collate import collate
+from stoker import _batch
+from stoker._collate import DefaultCollate, collate
+from stoker._fetch import MapFetcher
 from stoker.vision import _fused
 from stoker.vision import transforms as T
 from test_vision_folder import _photo
@@ -183,7 +185,8 @@ def _train_tf() -> T.Compose:
 def test_fused_batch_collates_straight_into_alloc(
     photos: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """collate writes a FusedBatch's images into alloc's memory, bit for bit the eager values."""
+    """collate copies a FusedBatch made outside a fetch into alloc's memory, bit for bit the
+    values of the plain path."""
     ds = V.ImageFolder(photos, transform=_train_tf())
     idx = [3, 0, 2, 1, 0]
     random.seed(7)
@@ -202,6 +205,44 @@ def test_fused_batch_collates_straight_into_alloc(
     random.seed(7)
     plain = ds.__getitems__(idx)
     assert type(plain) is list
+    np.testing.assert_array_equal(images, np.stack([s for s, _ in plain]))
+
+
+def test_a_fetch_normalises_images_straight_into_its_collate_memory(
+    photos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loaded by a fetcher for stoker's collate, the images are written into the collate's
+    memory while they are decoded (each as it is resampled), and collate copies nothing:
+    the same values as the plain path."""
+    ds = V.ImageFolder(photos, transform=_train_tf())
+    fetcher = MapFetcher(ds, True, DefaultCollate("numpy"))
+    loading = [False]
+    getitems = ds.__getitems__
+
+    def spy(indices: list[int]) -> Any:
+        loading[0] = True
+        try:
+            return getitems(indices)
+        finally:
+            loading[0] = False
+
+    monkeypatch.setattr(ds, "__getitems__", spy)
+    given: list[tuple[bool, np.ndarray]] = []
+
+    def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        given.append((loading[0], np.full(shape, -1, dtype)))
+        return given[-1][1]
+
+    idx = [3, 0, 2, 1]
+    random.seed(5)
+    images, targets = fetcher.fetch(idx, alloc=alloc)
+    assert [during for during, _ in given] == [True, False]  # the images, then the targets
+    assert images is given[0][1] and targets is given[1][1]
+    assert _batch.output_alloc() is None  # nothing left behind for the next load
+    monkeypatch.setattr(ds, "__getitems__", getitems)
+    _eager(monkeypatch)
+    random.seed(5)
+    plain = ds.__getitems__(idx)
     np.testing.assert_array_equal(images, np.stack([s for s, _ in plain]))
 
 

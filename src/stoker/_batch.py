@@ -9,6 +9,7 @@ without building per-sample Python objects.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
@@ -18,6 +19,25 @@ from stoker import _torch
 
 Alloc = Callable[[tuple[int, ...], np.dtype[Any]], np.ndarray[Any, Any]]
 """Returns a writable, C-contiguous array of the given shape and dtype (e.g. in shared memory)."""
+
+_loading = threading.local()  # per thread: the memory the batch being loaded is collated into
+
+
+def output_alloc() -> Alloc | None:
+    """While a fetcher loads a batch that stoker's default collate will write into ``alloc``
+    (a worker's shared-memory slot, a thread worker's buffer): that ``alloc``; else None.
+
+    A dataset whose ``__getitems__`` returns a :class:`ColumnBatch` may write a column there
+    itself as it loads (and hand that array back from :meth:`ColumnBatch.gather` for the
+    same ``alloc``), so that the batch is written once, while its pieces are in cache.
+    """
+    alloc: Alloc | None = getattr(_loading, "alloc", None)
+    return alloc
+
+
+def set_output_alloc(alloc: Alloc | None) -> None:
+    """Set what :func:`output_alloc` returns in this thread (the fetcher, around a load)."""
+    _loading.alloc = alloc
 
 
 class ColumnBatch(Sequence[Any]):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker._batch import Alloc
+from stoker._batch import Alloc, set_output_alloc
 from stoker._collate import DefaultCollate
 from stoker._dataset import draws_nothing
 
@@ -66,15 +66,20 @@ class MapFetcher:
         ``map_fn(fn, indices)`` loads the samples of a dataset without ``__getitems__``
         in place of ``[fn(i) for i in indices]`` (thread workers split slow batches so).
         """
+        into = alloc if getattr(self.collate_fn, "accepts_alloc", False) else None
+        set_output_alloc(into)
         try:
             data = self._load(index, map_fn)
         except Exception as exc:
             if not self.skip_errors:
                 raise
+            set_output_alloc(None)  # the reload sample by sample writes nothing there
             data, skipped = self._load_each(index, exc)
             if data is None:
                 return None, skipped
             return _call_collate(self.collate_fn, data, alloc), skipped
+        finally:
+            set_output_alloc(None)
         return _call_collate(self.collate_fn, data, alloc), None
 
     def _load(self, index: Any, map_fn: MapFn | None = None) -> Any:

@@ -253,12 +253,11 @@ class DatasetFolder:
                 jobs.append(job)
             targets.append(target)
         if len(jobs) == len(items) > 0 and not fast.rest and _fused.one_size(jobs):
-            pixels = _fused.pixels_batch(fast, jobs)
-            if self.target_transform is not None:
+            if self.target_transform is not None:  # the draws are made: decoding draws none
                 targets = [self.target_transform(target) for target in targets]
             if all(type(target) is int for target in targets):
-                return _fused.FusedBatch(fast, pixels, targets)
-            return [(_fused.normalize(fast, px), t) for px, t in zip(pixels, targets, strict=True)]
+                return _fused.fused_batch(fast, jobs, targets)
+            return list(zip(_fused.run_batch(fast, jobs), targets, strict=True))
         images = _fused.run_batch(fast, jobs)
         out = []
         for item, target in zip(items, targets, strict=True):

@@ -81,7 +81,7 @@ import numpy as np
 from PIL import Image
 
 from stoker import _torch, _worker_info
-from stoker._batch import Alloc, ColumnBatch
+from stoker._batch import Alloc, ColumnBatch, output_alloc
 from stoker._worker_info import get_worker_info
 from stoker.vision import _decode
 from stoker.vision.transforms._base import Compose, pil_filter
@@ -254,7 +254,9 @@ def execute(
     Raises:
         OSError: for a corrupt or truncated file (the message names it).
     """
-    return normalize(p, pixels(p, job), out)
+    oh, ow = job.out
+    scratch = _batch_array((oh, ow, 3), np.uint8)  # this thread's, reused image to image
+    return normalize(p, pixels(p, job, scratch), out)
 
 
 def pixels(p: FusedPlan, job: Job, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
@@ -533,38 +535,46 @@ def _batch_array(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray[
     return kept[-1][:size].reshape(shape)
 
 
-def run_batch(p: FusedPlan, jobs: list[Job]) -> list[np.ndarray[Any, Any]]:
+def run_batch(
+    p: FusedPlan, jobs: list[Job], batch: np.ndarray[Any, Any] | None = None
+) -> list[np.ndarray[Any, Any]]:
     """Execute ``jobs`` (random draws already made), in parallel threads when that helps.
 
-    When every job has the same output size, the images are views of one batch array (see
-    :func:`_batch_array`). The threads live for one batch only: starting two costs well
-    under a millisecond against tens of milliseconds of decoding, and nothing is left
-    behind in a process that forks workers afterwards (threads do not survive fork).
+    When every job has the same output size, the images are views of one batch array:
+    ``batch`` (N x 3 x H x W float32) when given, else one of :func:`_batch_array`. Each
+    image is normalised as soon as it is resampled, while its pixels are in cache. The
+    threads live for one batch only: starting two costs well under a millisecond against
+    tens of milliseconds of decoding, and nothing is left behind in a process that forks
+    workers afterwards (threads do not survive fork).
     """
     outs: list[np.ndarray[Any, Any] | None] = [None] * len(jobs)
     if one_size(jobs):
-        batch = _batch_array((len(jobs), 3, *jobs[0].out))
+        if batch is None:
+            batch = _batch_array((len(jobs), 3, *jobs[0].out))
         outs = list(batch)
         del batch
     return _in_threads(lambda job, out: execute(p, job, out), jobs, outs)
 
 
-def one_size(jobs: list[Job]) -> bool:
-    """Whether there are jobs and all have the same output size."""
-    return bool(jobs) and all(job.out == jobs[0].out for job in jobs)
-
-
-def pixels_batch(p: FusedPlan, jobs: list[Job]) -> list[np.ndarray[Any, Any]]:
-    """:func:`pixels` of every job (of one output size, see :func:`one_size`), in parallel
-    threads, into views of one uint8 batch array (see :func:`_batch_array`).
+def fused_batch(p: FusedPlan, jobs: list[Job], targets: list[int]) -> FusedBatch:
+    """The :class:`FusedBatch` of ``jobs`` (all of one output size) and their int targets,
+    normalised straight into the memory stoker's collate will write the batch into, when a
+    fetcher says which (:func:`stoker._batch.output_alloc`: shared memory in a worker
+    process), else into a reusable batch array.
 
     Raises:
         OSError: for a corrupt or truncated file (the message names it).
     """
-    batch = _batch_array((len(jobs), *jobs[0].out, 3), np.uint8)
-    outs = list(batch)
-    del batch  # the views alone keep it in use
-    return _in_threads(lambda job, out: pixels(p, job, out), jobs, outs)
+    alloc = output_alloc()
+    shape = (len(jobs), 3, *jobs[0].out)
+    images = _batch_array(shape) if alloc is None else alloc(shape, np.dtype(np.float32))
+    run_batch(p, jobs, images)
+    return FusedBatch(images, targets, alloc)
+
+
+def one_size(jobs: list[Job]) -> bool:
+    """Whether there are jobs and all have the same output size."""
+    return bool(jobs) and all(job.out == jobs[0].out for job in jobs)
 
 
 def _in_threads(fn: Callable[[Any, Any], Any], xs: list[Any], ys: list[Any]) -> list[Any]:
@@ -577,41 +587,40 @@ def _in_threads(fn: Callable[[Any, Any], Any], xs: list[Any], ys: list[Any]) -> 
 
 
 class FusedBatch(ColumnBatch):
-    """A batch of fast-path images of one size, resampled but not yet normalised, and targets.
+    """A batch of fast-path images of one size, normalised, and their int targets.
 
-    ``ImageFolder.__getitems__`` returns it after decoding: it is the sequence of
-    ``(image, target)`` samples, but stoker's default collate asks it to :meth:`gather`,
-    which writes the float32 batch once, straight into collate's buffer (shared memory in
-    a worker process) instead of into a batch array that collate then copies. The values
-    are those :func:`execute` gives, bit for bit.
+    ``ImageFolder.__getitems__`` returns it (see :func:`fused_batch`): it is the sequence
+    of ``(image, target)`` samples, but stoker's default collate asks it to :meth:`gather`
+    its columns. When the images were written into the memory of the collate's ``alloc``
+    as they were decoded, they are handed back as they are: the float32 batch is written
+    once, not written and then copied.
 
     Args:
-        plan: the plan that made the pixels.
-        images: per sample, the H x W x 3 uint8 output of :func:`pixels_batch`.
+        images: N x 3 x H x W float32.
         targets: per sample, the class index (an int).
+        alloc: the allocator whose memory ``images`` lies in, or None.
     """
 
-    __slots__ = ("_done", "_images", "_plan", "_targets")
+    __slots__ = ("_alloc", "_images", "_targets")
 
     def __init__(
-        self, plan: FusedPlan, images: list[np.ndarray[Any, Any]], targets: list[int]
+        self, images: np.ndarray[Any, Any], targets: list[int], alloc: Alloc | None
     ) -> None:
-        self._plan = plan
         self._images = images
         self._targets = targets
-        self._done: np.ndarray[Any, Any] | None = None
+        self._alloc = alloc
         self.indices = np.arange(len(images))
         self.keys = None
 
     @property
     def sources(self) -> tuple[Any, ...]:  # type: ignore[override]
-        """The columns: the float32 images (normalised on first use) and the targets."""
+        """The columns: the float32 images and the targets."""
         return tuple(self.gather())
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return super().__getitem__(i)
-        return self._normalized()[i], self._targets[i]
+        return self._images[i], self._targets[i]
 
     def __reduce__(self) -> tuple[Any, ...]:
         return list, (list(self),)  # pickles as the plain list of samples
@@ -625,27 +634,14 @@ class FusedBatch(ColumnBatch):
         return True
 
     def gather(self, alloc: Alloc | None = None) -> list[Any]:
-        """[N x 3 x H x W float32 images, int64 targets], written into ``alloc``'s memory."""
+        """[N x 3 x H x W float32 images, int64 targets], in ``alloc``'s memory if given."""
         targets = np.asarray(self._targets, dtype=np.int64)
         if alloc is None:
-            return [self._normalized(), targets]
-        images = alloc((len(self._images), 3, *self._images[0].shape[:2]), np.dtype(np.float32))
-        if self._done is not None:
-            images[...] = self._done
-        else:
-            self._normalize_into(images)
+            return [self._images, targets]
+        images = self._images
+        if alloc != self._alloc:  # bound methods: equal for the same allocator
+            images = alloc(images.shape, images.dtype)
+            images[...] = self._images
         out = alloc(targets.shape, targets.dtype)
         out[...] = targets
         return [images, out]
-
-    def _normalized(self) -> np.ndarray[Any, Any]:
-        """The float32 images, normalised once into a reusable batch array."""
-        if self._done is None:
-            done = _batch_array((len(self._images), 3, *self._images[0].shape[:2]))
-            self._normalize_into(done)
-            self._done = done
-        return self._done
-
-    def _normalize_into(self, images: np.ndarray[Any, Any]) -> None:
-        p = self._plan
-        _in_threads(lambda hwc, out: normalize(p, hwc, out), self._images, list(images))
