@@ -67,6 +67,7 @@ faults, per batch), and the decode buffer is reused per thread.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -462,8 +463,15 @@ def _torch_resize(
         )
         return r[0].permute(1, 2, 0).numpy()  # type: ignore[no-any-return]
     dst = torch.from_numpy(out)[None].permute(0, 3, 1, 2)
-    torch.ops.aten._upsample_bilinear2d_aa.out(t, [oh, ow], False, None, None, out=dst)
+    _resize_op(torch)(t, [oh, ow], False, None, None, out=dst)
     return out
+
+
+@functools.cache
+def _resize_op(torch: Any) -> Any:
+    """torch's antialiased bilinear kernel, ``out=`` variant (looked up once: 3 attribute
+    lookups through torch.ops cost more than a microsecond an image)."""
+    return torch.ops.aten._upsample_bilinear2d_aa.out
 
 
 def finish(p: FusedPlan, image: np.ndarray[Any, Any]) -> Any:
@@ -524,7 +532,7 @@ def _batch_array(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray[
     it asks for the next one does not force fresh memory (and its page faults) for every
     batch.
     """
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     kept: list[np.ndarray[Any, Any]] = _local.__dict__.setdefault(np.dtype(dtype).str, [])
     for i in range(len(kept)):  # indices only: a local reference would count as a user
         if kept[i].size >= size and _refs(kept[i]) <= _FREE_REFS:
