@@ -56,13 +56,15 @@ order in the calling thread, then runs the decodes and resamples in a small thre
 user set it). The result does not depend on the number of threads. In the main process the
 pool uses the available cores; in worker processes the cores are shared among the workers
 (one thread each on a 2-core machine with 2 workers); thread workers decode in their own
-thread. When every sample of the batch took the fast path to one size (with int targets
-and nothing after Normalize), the images are resampled into one uint8 batch array kept per
-thread, and it returns a :class:`FusedBatch` of them that stoker's collate normalises
-straight into its batch buffer (shared memory in a worker process): the float32 batch is
-written once, not written and then copied. Otherwise same-sized images are written into one
-float32 batch array, reused once no sample of it is referenced (no fresh memory, so no page
-faults, per batch), and the decode buffer is reused per thread.
+thread. Each image is resampled into one uint8 image kept per thread and normalised at
+once, while it is in cache. When every sample of the batch took the fast path to one size
+(with int targets and nothing after Normalize), the images are normalised straight into
+the memory stoker's collate will write the batch into, when the fetcher says which (shared
+memory in a worker process), and it returns a :class:`FusedBatch` that hands that array
+back: the float32 batch is written once, not written and then copied. Otherwise same-sized
+images are written into one float32 batch array, reused once no sample of it is
+referenced (no fresh memory, so no page faults, per batch), and the decode buffer is reused
+per thread.
 """
 
 from __future__ import annotations
