@@ -268,10 +268,11 @@ def pixels(p: FusedPlan, job: Job, out: np.ndarray[Any, Any] | None = None) -> n
     Args:
         p: the plan.
         job: the image and its random draws.
-        out: the C-contiguous output-sized H x W x 3 uint8 array to write the image into
-            (the result is then ``out`` or a flipped view of it). Without it, the result
-            may be a view of this thread's decode buffer, which the next decode
-            overwrites (a crop of exactly the output size needs no resample).
+        out: a C-contiguous output-sized H x W x 3 uint8 array that torch's resample
+            writes into, so that no image takes fresh memory. The result (``out``,
+            Pillow's array, or a view of this thread's decode buffer when a crop of
+            exactly the output size needs no resample) is valid until this thread's next
+            decode: use it before then.
 
     Raises:
         OSError: for a corrupt or truncated file (the message names it).
@@ -291,9 +292,6 @@ def pixels(p: FusedPlan, job: Job, out: np.ndarray[Any, Any] | None = None) -> n
         src = _decode.decode_scaled(job.data, job.path, job.size, divisor, p.fast_decode, rows)
     flt = pil_filter(p.geometry.interpolation)
     hwc = _resample(src, job, divisor, random_crop, flt, origin, out)
-    if out is not None and hwc is not out:  # Pillow's image, or a view of the decode buffer
-        np.copyto(out, hwc)
-        hwc = out
     for vertical in job.flips:
         hwc = hwc[::-1] if vertical else hwc[:, ::-1]
     return hwc
