@@ -110,11 +110,12 @@ def settle(limit_s: float = 5.0) -> None:
 
 def timed(run: Run) -> dict[str, float]:
     """One run of ``run`` (once earlier runs' processes are gone) with its wall time added
-    as ``seconds``."""
+    as ``seconds``, unless the run timed itself (``seconds`` in its counts: the part that
+    is the work, without the run's own bookkeeping, such as reading CPU times)."""
     settle()
     t0 = time.perf_counter()
     counts = run()
-    return {**counts, "seconds": time.perf_counter() - t0}
+    return {"seconds": time.perf_counter() - t0, **counts}
 
 
 def compare(
