@@ -76,6 +76,19 @@ def test_a_region_is_the_full_decode_cut_to_it(kind: str, fast: bool) -> None:
 
 
 @needs_native
+def test_region_decodes_of_one_image_size_share_one_buffer() -> None:
+    """The decode buffer is sized for the whole image: a larger crop after a smaller one
+    reuses it (growing it crop by crop would fault in fresh pages in every fresh worker)."""
+    data = _jpeg(_photo(75, 101, 5), quality=90)
+    _decode._local.__dict__.pop("buffer", None)  # as in a new thread
+    small = _decode.decode_region(data, "x.jpg", (75, 101), 1, (10, 10, 30, 40), True)
+    buffer = _decode._local.buffer
+    large = _decode.decode_region(data, "x.jpg", (75, 101), 1, (0, 0, 75, 101), True)
+    assert small.shape == (20, 30, 3) and large.shape == (75, 101, 3)
+    assert _decode._local.buffer is buffer and np.shares_memory(large, buffer)
+
+
+@needs_native
 def test_region_decode_errors_name_the_file_or_the_rectangle() -> None:
     """Truncated and non-JPEG data raise OSError naming the file; a rectangle outside the
     image, or a buffer too small, ValueError saying what was asked."""

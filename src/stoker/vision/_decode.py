@@ -259,7 +259,12 @@ def decode_region(
     check_pixels(width, height, path)
     top, left, bottom, right = rect
     shape = (bottom - top, right - left, 3)
-    out = _decode_buffer(math.prod(shape))[: math.prod(shape)].reshape(shape)
+    # Sized for the whole scaled image (up to what a thread keeps), not the rectangle: one
+    # buffer serves every crop of images this size, where growing it crop by crop would
+    # fault in fresh pages each time, in every fresh worker.
+    nbytes = math.prod(shape)
+    whole = 3 * math.ceil(height / divisor) * math.ceil(width / divisor)
+    out = _decode_buffer(max(nbytes, min(whole, _KEEP_BUFFER_BYTES)))[:nbytes].reshape(shape)
     try:
         # As with simplejpeg: strict only for a file that lacks its end-of-image marker.
         _native.decode(data, out, divisor, top, left, bottom, right, fast, not data.endswith(_EOI))
