@@ -264,23 +264,26 @@ def test_dct_divisor_covers_the_crop() -> None:
         assert d == 8 or crop / (2 * d) < 224
 
 
-def test_getitems_equals_getitem_sequence(tree: Path) -> None:
-    """__getitems__ (threaded decode) returns exactly what successive __getitem__ calls do."""
-    tf = T.Compose(
-        [
-            T.RandomResizedCrop(20),
-            T.RandomHorizontalFlip(),
-            T.RandomVerticalFlip(),
-            T.ToTensor(),
-            T.Normalize(MEAN, STD),
-        ]
-    )
-    ds = V.ImageFolder(tree, transform=tf)
-    idx = [6, 0, 3, 3, 1, 5]  # includes the PNG (plain path, in order)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("geometry", ["random", "center"])
+@pytest.mark.parametrize("target_transform", [None, str])
+def test_getitems_equals_getitem_sequence(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, threads: int, geometry: str, target_transform
+) -> None:
+    """__getitems__ (decoding on one thread or in two) returns exactly what successive
+    __getitem__ calls do, and makes the same draws."""
+    first = [T.RandomResizedCrop(20)] if geometry == "random" else [T.Resize(30), T.CenterCrop(24)]
+    flips = [T.RandomHorizontalFlip(), T.RandomVerticalFlip()]
+    tf = T.Compose([*first, *flips, T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = V.ImageFolder(tree, transform=tf, target_transform=target_transform)
+    monkeypatch.setattr(_fused, "decode_threads", lambda: threads)
+    idx = [6, 0, 3, 3, 1, 5]  # includes the PNG twice (plain path, in order)
     random.seed(11)
     batch = ds.__getitems__(idx)
+    after_batch = random.random()
     random.seed(11)
     single = [ds[i] for i in idx]
+    assert random.random() == after_batch
     for (a, ta), (b, tb) in zip(batch, single, strict=True):
         assert ta == tb
         np.testing.assert_array_equal(a, b)
