@@ -137,6 +137,12 @@ class FusedPlan:
     rest: tuple[Callable[[Any], Any], ...]
     fast_decode: bool = False
 
+    @functools.cached_property
+    def coefficients(self) -> tuple[list[float], list[float]]:
+        """``scale`` and ``offset`` as 3 floats each, for the C kernel (made once per plan,
+        not per image)."""
+        return self.scale.ravel().tolist(), self.offset.ravel().tolist()
+
 
 def plan(transform: object) -> FusedPlan | None:
     """The fast-path plan for ``transform``, or None when it does not start as required.
@@ -328,8 +334,7 @@ def _native_normalize(p: FusedPlan, hwc: np.ndarray[Any, Any], out: np.ndarray[A
     base = base[:, ::-1] if hflip else base
     if base.strides[1:] != (3, 1) or not out.flags.c_contiguous or out.dtype != np.float32:
         return False
-    scale, offset = p.scale.ravel().tolist(), p.offset.ravel().tolist()
-    _native.normalize(base, out, hflip, vflip, scale, offset)
+    _native.normalize(base, out, hflip, vflip, *p.coefficients)
     return True
 
 
