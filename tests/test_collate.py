@@ -392,7 +392,7 @@ def test_length_mismatch_message_names_path() -> None:
 def test_type_error_messages_name_path() -> None:
     """Unsupported values, string arrays, missing keys and type changes name their path."""
     cases: list[tuple[list[Any], type[Exception], str]] = [
-        ([{"meta": None}, {"meta": None}], TypeError, r"NoneType at batch\[0\]\['meta'\]"),
+        ([{"meta": None}, {"meta": None}], TypeError, r"NoneType'> at batch\[0\]\['meta'\]"),
         ([Point(np.array(["s"]), 1)] * 2, TypeError, r"dtype <U1 at batch\[0\]\.x"),
         ([{"a": 1}, {"a": 2}, {"b": 3}], KeyError, r"batch\[2\] has no key 'a'"),
         ([(1, 2.0), (1, None)], TypeError, r"batch\[1\]\[1\] has type NoneType"),

@@ -258,9 +258,9 @@ def _collate(batch: Sequence[Any], field: str, torch: Any, alloc: Alloc | None) 
     if kind in (_NAMEDTUPLE, _SEQUENCE):
         return _collate_sequence(batch, field, torch, alloc, kind)
     raise TypeError(
-        f"default_collate: batch must contain tensors, NumPy arrays, numbers, str, bytes, "
-        f"dicts or lists; found {type(elem).__qualname__} at {_where(0, field)}. Convert it "
-        f"in the dataset (or drop it), {_FIX}."
+        f"default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
+        f"found {type(elem)} at {_where(0, field)} (str and bytes are kept as lists). Convert "
+        f"it in the dataset (or drop it), {_FIX}."
     )
 
 
@@ -593,7 +593,8 @@ def _shape_mismatch(batch: Sequence[Any], field: str) -> CollateError | None:
         s = _shape_of(x)
         if s != s0:
             return CollateError(
-                f"{_where(i, field)} has shape {s} ({_type_name(x)}) but {_where(0, field)} "
+                f"stack expects each tensor to be equal size, but {_where(i, field)} has "
+                f"shape {s} ({_type_name(x)}) and {_where(0, field)} "
                 f"has shape {s0} ({_type_name(batch[0])}): the samples of a batch must have "
                 f"equal shapes. Pad or resize them to one shape (e.g. in a transform), {_FIX} "
                 "(e.g. one that pads)."

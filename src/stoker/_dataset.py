@@ -73,7 +73,7 @@ class Dataset(Generic[T_co]):
         return ConcatDataset(members)
 
 
-class IterableDataset(Dataset[T_co], Iterable[T_co]):
+class IterableDataset(Dataset[T_co], Iterable[T_co], Generic[T_co]):
     """A stream of samples; subclass it and define ``__iter__``.
 
     With worker processes each worker iterates its own copy, so a dataset that must not
@@ -532,6 +532,10 @@ def random_split(
     ]
 
 
+# Classes that only rename a stoker class (stoker.torch's), mapped to the class they equal.
+SAME_AS: dict[type, type] = {}
+
+
 def draws_nothing(dataset: object) -> bool:
     """Whether loading from ``dataset`` surely draws nothing from the global RNGs, because
     only stoker's code runs: a TensorDataset of NumPy arrays or torch tensors, or a Subset,
@@ -544,6 +548,7 @@ def draws_nothing(dataset: object) -> bool:
     (True, False)
     """
     kind = type(dataset)
+    kind = SAME_AS.get(kind, kind)
     if kind is TensorDataset:
         torch = _torch.loaded()
         plain = (np.ndarray, np.memmap, *((torch.Tensor,) if torch is not None else ()))
