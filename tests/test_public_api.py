@@ -76,3 +76,23 @@ def test_import_is_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+def test_numpy_path_imports_no_torch() -> None:
+    """A NumPy user's loop (shuffled, with a worker) never imports torch and gets NumPy
+    batches; only `import stoker.torch`, the torch front door, imports torch."""
+    code = (
+        "import sys, numpy as np, stoker; "
+        "ds = stoker.TensorDataset(np.arange(8.0)); "
+        "dl = stoker.DataLoader(ds, batch_size=4, shuffle=True, num_workers=1); "
+        "print([type(b[0]).__module__ for b in dl], 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "['numpy', 'numpy'] False"
+    code = "import sys, stoker.torch; print('torch' in sys.modules, stoker.torch.__all__[0])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "True BatchSampler"

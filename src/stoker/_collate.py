@@ -35,6 +35,7 @@ _NUMBER_KINDS = (_NPSCALAR, _FLOAT, _INT)
 _KINDS: dict[type, int] = {}
 _NP_KINDS = "biufc"  # dtype kinds that stack into numeric arrays
 _FIX = "or pass a collate_fn that handles them"
+_EMPTY = "default_collate needs at least one sample, got an empty batch (list index out of range)."
 
 
 def _classify(tp: type) -> int:
@@ -210,7 +211,7 @@ def collate(batch: Any, *, tensor_type: str | None = None, alloc: Alloc | None =
         first = batch[0]
     except IndexError:
         check_tensor_type(tensor_type)
-        raise IndexError("default_collate needs at least one sample, got an empty batch.") from None
+        raise IndexError(_EMPTY) from None
     return _collate(batch, "", _resolve(tensor_type, first), alloc)
 
 
@@ -365,7 +366,7 @@ def _collate_columns(batch: ColumnBatch, tensor_type: str | None, alloc: Alloc |
     """Collate a :class:`ColumnBatch` by gathering whole columns (no per-sample work)."""
     check_tensor_type(tensor_type)
     if len(batch) == 0:
-        raise IndexError("default_collate needs at least one sample, got an empty batch.")
+        raise IndexError(_EMPTY)
     if not batch.numeric():
         # strings or objects: the samples decide what they become, as torch does
         return collate(list(batch), tensor_type=tensor_type, alloc=alloc)

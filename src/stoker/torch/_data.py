@@ -33,6 +33,10 @@ __all__ = [
 class Dataset(_dataset.Dataset[T_co], torch_data.Dataset[T_co]):
     """A map from keys to samples: stoker's ``Dataset`` that is also torch's."""
 
+    def __init__(self) -> None:
+        """End the ``super().__init__()`` chain of stoker's classes here: the torch classes
+        after them in the MRO have their own ``__init__``, which stoker's replace."""
+
     def __add__(self, other: Any) -> ConcatDataset[T_co]:
         members: list[Any] = [self, other]
         return ConcatDataset(members)
