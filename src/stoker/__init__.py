@@ -1,8 +1,9 @@
 """stoker: keeps the accelerator fed.
 
-A fast, drop-in replacement for ``torch.utils.data`` that is NumPy-native: change one import
-(``from stoker import DataLoader``) and keep the training script; without torch, batches are
-NumPy arrays. The contract is API.md; the map of modules is ``src/stoker/README.md``.
+A fast data loader with torch.utils.data's names. This is the NumPy-native front door
+(``from stoker import DataLoader``, no torch needed: batches are NumPy arrays unless the
+samples hold tensors); :mod:`stoker.torch` is the PyTorch drop-in. The contract is API.md;
+the map of modules is ``src/stoker/README.md``.
 """
 
 from __future__ import annotations
