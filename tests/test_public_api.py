@@ -60,6 +60,14 @@ def test_dataloader_signature_matches_torch() -> None:
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
 
 
+def _python(code: str) -> str:
+    """What ``code`` prints, run in a fresh interpreter (nothing imported yet)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    return out.stdout.strip()
+
+
 def test_import_is_light() -> None:
     """`import stoker` imports neither torch nor Pillow, nor even NumPy until a name is used."""
     code = (
@@ -67,15 +75,9 @@ def test_import_is_light() -> None:
         "heavy = [m for m in ('numpy', 'torch', 'PIL', 'simplejpeg', 'lmdb', 'fsspec') "
         "if m in sys.modules]; print(heavy)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.strip() == "[]"
+    assert _python(code) == "[]"
     code = "import sys; from stoker import DataLoader; print('torch' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.strip() == "False"
+    assert _python(code) == "False"
 
 
 def test_numpy_path_imports_no_torch() -> None:
@@ -87,12 +89,6 @@ def test_numpy_path_imports_no_torch() -> None:
         "dl = stoker.DataLoader(ds, batch_size=4, shuffle=True, num_workers=1); "
         "print([type(b[0]).__module__ for b in dl], 'torch' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.strip() == "['numpy', 'numpy'] False"
+    assert _python(code) == "['numpy', 'numpy'] False"
     code = "import sys, stoker.torch; print('torch' in sys.modules, stoker.torch.__all__[0])"
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert out.stdout.strip() == "True BatchSampler"
+    assert _python(code) == "True BatchSampler"
