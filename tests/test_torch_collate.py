@@ -209,7 +209,9 @@ def test_loader_batches_equal_torch_loader_batches(tmp_path: Path) -> None:
         # torch's batches do not depend on its workers: in process, it leaves no process
         # exiting late for the leak check to see
         theirs = list(_batches(T, ds, batch_size=kw["batch_size"]))
-        ours = list(_batches(S, ds, **kw))
+        # under spawn, a stoker.torch class travels to the worker by pickle
+        mine = S.Subset(ds, range(len(ds))) if "spawn" in kw.values() else ds
+        ours = list(_batches(S, mine, **kw))
         assert len(ours) == len(theirs), kw
         for a, b in zip(ours, theirs, strict=True):
             assert_same(a, b, str(kw))

@@ -137,9 +137,10 @@ def test_sequential_orders_batches_and_lengths_as_torch() -> None:
 
 def test_frozen_attributes_raise_as_torch() -> None:
     """Assigning the frozen attributes raises torch's ValueError and phrase; others work."""
-    for name in ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset"):
+    frozen = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset")
+    for name in (*frozen, "persistent_workers"):
         for module in (T, S):
-            loader = module.DataLoader(Squares())
+            loader = module.DataLoader(Squares(), num_workers=1)
             with pytest.raises(ValueError, match=f"{name} attribute should not be set after"):
                 setattr(loader, name, None)
     loader = S.DataLoader(Squares())
