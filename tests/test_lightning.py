@@ -75,12 +75,15 @@ SCRIPT = textwrap.dedent(
             return torch.optim.SGD(self.parameters(), lr=0.01)
         def train_dataloader(self):
             # made inside the hook: Lightning rebuilds it from the arguments it recorded
-            return data.DataLoader(Numbers({N_TRAIN}), batch_size=8, shuffle=True, num_workers=1)
+            return data.DataLoader(
+                Numbers({N_TRAIN}), batch_size=8, shuffle=True, num_workers=1,
+                persistent_workers=True,  # one worker start per rank, not one per epoch
+            )
 
     if __name__ == "__main__":
         torch.set_num_threads(1)
         # passed to fit(): Lightning rebuilds it from its attributes
-        val = data.DataLoader(Numbers({N_VAL}), batch_size=8, num_workers=1)
+        val = data.DataLoader(Numbers({N_VAL}), batch_size=8)
         trainer = L.Trainer(
             accelerator="cpu", devices=2, strategy="ddp", max_epochs=2,
             logger=False, enable_checkpointing=False, enable_progress_bar=False,
