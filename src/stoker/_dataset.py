@@ -73,6 +73,7 @@ class Dataset(Generic[T_co]):
         return ConcatDataset(members)
 
 
+# Generic last, as in torch's MRO, so that stoker.torch can subclass both IterableDatasets.
 class IterableDataset(Dataset[T_co], Iterable[T_co], Generic[T_co]):
     """A stream of samples; subclass it and define ``__iter__``.
 

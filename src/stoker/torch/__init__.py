@@ -76,7 +76,6 @@ def _publish() -> None:
             continue  # stoker's own object (StringArray, get_worker_info, ...): stoker.X
         obj.__module__ = __name__
         if isinstance(obj, type):
-            obj.__qualname__ = name
             same = getattr(_dataset, name, None)
             if isinstance(same, type) and obj.__mro__[1] is same:
                 _dataset.SAME_AS[obj] = same
