@@ -197,21 +197,19 @@ def _batches(module: Any, ds: Any, **kw: Any) -> Iterator[Any]:
 @pytest.mark.multiprocess
 def test_loader_batches_equal_torch_loader_batches(tmp_path: Path) -> None:
     """stoker.torch's DataLoader gives torch's DataLoader's batches for NumPy-valued samples,
-    in process and from fork and spawn workers, batched and not (default_convert)."""
+    in process, from process and thread workers, batched and not (default_convert)."""
     ds = Samples(_memmap(tmp_path))
     configs: list[dict[str, Any]] = [
         {"batch_size": 3},
         {"batch_size": None},
         {"batch_size": 2, "num_workers": 2, "multiprocessing_context": "fork"},
-        {"batch_size": 3, "num_workers": 1, "multiprocessing_context": "spawn"},
+        {"batch_size": 3, "num_workers": 1, "worker_mode": "thread"},
     ]
     for kw in configs:
         # torch's batches do not depend on its workers: in process, it leaves no process
         # exiting late for the leak check to see
         theirs = list(_batches(T, ds, batch_size=kw["batch_size"]))
-        # under spawn, a stoker.torch class travels to the worker by pickle
-        mine = S.Subset(ds, range(len(ds))) if "spawn" in kw.values() else ds
-        ours = list(_batches(S, mine, **kw))
+        ours = list(_batches(S, S.Subset(ds, range(len(ds))), **kw))
         assert len(ours) == len(theirs), kw
         for a, b in zip(ours, theirs, strict=True):
             assert_same(a, b, str(kw))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -158,7 +160,8 @@ def test_iterable_length_warning_as_torch() -> None:
 
 
 def test_pickles_name_stoker_torch() -> None:
-    """Pickles of the classes name stoker.torch, so spawned workers find them."""
+    """Pickles of the classes name stoker.torch, and a fresh interpreter (as a spawned
+    worker is) loads them."""
     objs = [
         S.TensorDataset(np.arange(4)),
         S.SequentialSampler(range(3)),
@@ -168,6 +171,16 @@ def test_pickles_name_stoker_torch() -> None:
         data = pickle.dumps(obj)
         assert b"stoker.torch" in data and b"stoker._" not in data, type(obj)
         assert type(pickle.loads(data)) is type(obj)
+    code = (
+        "import pickle, sys; objs = pickle.loads(sys.stdin.buffer.read()); "
+        "print(*(f'{type(o).__module__}.{type(o).__name__}' for o in objs))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=pickle.dumps(objs), capture_output=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    expected = ["TensorDataset", "SequentialSampler", "BatchSampler"]
+    assert out.stdout.decode().split() == [f"stoker.torch.{n}" for n in expected]
 
 
 def test_stoker_extras_through_the_torch_door() -> None:
