@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker._collate import DefaultCollate
 from stoker._engine._buffers import for_loader
-from stoker._engine._pin import pin
+from stoker._engine._pin import pin, slot_pins
 from stoker._engine._pool import ProcessPool, ThreadPool
 from stoker._engine._tail import concat, mergeable, plan, worth_splitting
 from stoker._engine._transport import RemoteError, group_size
@@ -111,6 +111,8 @@ class MultiWorkerIterator:
         self._persistent = bool(loader.persistent_workers)
         self._timeout = float(loader.timeout)
         pin_device = loader._resolved_pin_device()
+        # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning
+        self._step = getattr(loader.dataset, "main_process_step", None)
         base = loader._seed()  # workers start seeded from base + id, as in torch
         pool: ProcessPool | ThreadPool
         if loader.worker_mode == "thread":
@@ -119,6 +121,9 @@ class MultiWorkerIterator:
         else:
             pool = ProcessPool(loader, base, self._prefetch)
             self._pin_device = pin_device
+            pins = slot_pins(pin_device)  # one copy: the slots themselves are pinned
+            for w in pool.workers:
+                w.maps.pins = pins
         self._pool = pool
         self._started = [False] * capacity
         self._finalizer = weakref.finalize(self, pool.shutdown)
@@ -412,6 +417,8 @@ class MultiWorkerIterator:
     def _deliver(self, item: Any, entered: float) -> Any:
         if isinstance(item, _Failure):
             raise item.remote.rebuild()
+        if self._step is not None:
+            item = self._step(item)
         if self._pin_device is not None:
             item = pin(item, self._pin_device)
         self._stats.delivered(item, entered)
