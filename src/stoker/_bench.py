@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -304,8 +305,8 @@ def measure(
         "bytes": nbytes,
         "epochs": epochs[0],
         "wait": wait,
-        "input_bound": stats.input_bound if stats is not None else None,
-        "workers_used": stats.num_workers if stats is not None else kwargs.get("num_workers"),
+        "input_bound": stats.input_bound if stats is not None else math.nan,
+        "workers_used": stats.num_workers if stats is not None else kwargs["num_workers"],
     }
 
 
