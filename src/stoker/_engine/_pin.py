@@ -21,8 +21,11 @@ import contextlib
 import copy
 import ctypes
 import mmap
+import os
 import threading
+import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -151,19 +154,32 @@ def slot_pins(device: str | None) -> SlotPins | None:
 class _Registration:
     """One mapping registered as page-locked memory; unregistered when this dies.
 
-    It holds the mapping, so the mapping is unmapped only after it is unregistered.
+    It holds the mapping, so the mapping is unmapped only after it is unregistered. A
+    forked worker's copy of it does nothing (CUDA is not for forked children).
     """
 
     def __init__(self, cudart: Any, address: int, mm: mmap.mmap) -> None:
-        self._cudart, self._address, self._mm = cudart, address, mm
+        self._cudart, self._address, self.mm = cudart, address, mm
+        self._pid = os.getpid()
 
     def __del__(self) -> None:
+        if os.getpid() != self._pid:
+            return
         with contextlib.suppress(Exception):  # interpreter exit may have torn CUDA down
             self._cudart.cudaHostUnregister(self._address)
 
 
+_LIVE: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+"""Registered buffers alive, by the id of their mapping: a mapping adopted by a later pool
+while a batch of it lives is not registered twice (CUDA refuses that)."""
+_PENDING: list[tuple[Any, Callable[[int], None], int]] = []
+"""(event, on_free, slot id) of registered slots whose batches died, waiting for their
+copies; shared by every loader, so an epoch's last slots are returned by a later poll."""
+_PENDING_LOCK = threading.Lock()
+
+
 class SlotPins:
-    """Registers the main process's maps of one worker's slots as page-locked memory.
+    """Registers the main process's maps of a pool's slots as page-locked memory.
 
     :meth:`register` gives the buffer to view a mapping through: a ctypes array over it
     that holds its registration, so every view of a batch keeps the slot registered.
@@ -174,19 +190,23 @@ class SlotPins:
     def __init__(self, torch: Any) -> None:
         self._torch = torch
         self._cudart = torch.cuda.cudart()
-        self._lock = threading.Lock()
-        self._pending: list[tuple[Any, Callable[[int], None], int]] = []
         self.registered = 0  # mappings registered so far
+        self.seconds = 0.0  # spent registering them
         self.failure: str | None = None  # why registration stopped, if it did
 
     def register(self, mm: mmap.mmap) -> Any:
         """The buffer to view ``mm`` through: registered, or ``mm`` itself when that fails
         (its leaves are then copied into pinned memory by :func:`pin`)."""
+        live = _LIVE.get(id(mm))
+        if live is not None and live.registration.mm is mm:
+            return live
         if self.failure is not None:
             return mm
+        began = time.perf_counter()
         buf = (ctypes.c_uint8 * len(mm)).from_buffer(mm)
         address = ctypes.addressof(buf)
         err = int(self._cudart.cudaHostRegister(address, len(mm), _HOST_REGISTER_PORTABLE))
+        self.seconds += time.perf_counter() - began
         if err != 0:
             self.failure = f"cudaHostRegister of {len(mm):,} bytes failed with cudaError {err}"
             clear = getattr(self._cudart, "cudaGetLastError", None)
@@ -201,6 +221,7 @@ class SlotPins:
             del buf
             return mm
         buf.registration = _Registration(self._cudart, address, mm)  # type: ignore[attr-defined]
+        _LIVE[id(mm)] = buf
         self.registered += 1
         return buf
 
@@ -211,23 +232,29 @@ class SlotPins:
         def deferred(sid: int) -> None:
             event = self._torch.cuda.Event()
             event.record()
-            with self._lock:
-                self._pending.append((event, on_free, sid))
-            self.poll()
+            with _PENDING_LOCK:
+                _PENDING.append((event, on_free, sid))
+            _poll()
 
         return deferred
 
-    def poll(self) -> None:
-        """Return the slots whose copies have finished to their workers."""
-        with self._lock:
-            if not self._pending:
-                return
-            done = [p for p in self._pending if p[0].query()]
-            if done:
-                self._pending = [p for p in self._pending if not any(p is d for d in done)]
-        for _, on_free, sid in done:
-            on_free(sid)
+    @staticmethod
+    def poll() -> None:
+        """Return the registered slots whose copies have finished (any loader's)."""
+        _poll()
 
-    def pending(self) -> int:
-        """Slots waiting for their copies to finish."""
-        return len(self._pending)
+
+def _poll() -> None:
+    """Return the registered slots whose copies have finished to their workers."""
+    with _PENDING_LOCK:
+        if not _PENDING:
+            return
+        done = [p for p in _PENDING if p[0].query()]
+        _PENDING[:] = [p for p in _PENDING if not any(p is d for d in done)]
+    for _, on_free, sid in done:
+        on_free(sid)
+
+
+def pending() -> int:
+    """Registered slots waiting for their copies to finish."""
+    return len(_PENDING)
