@@ -33,6 +33,9 @@ from stoker import _torch
 
 _HOST_REGISTER_PORTABLE = 1
 """``cudaHostRegisterPortable``: pinned for every CUDA context, as torch's pinned memory."""
+REGISTER_SLOTS = True
+"""Whether process workers' slots are registered (False: every batch is copied into pinned
+memory, as torch does; benchmarks compare the two)."""
 
 
 def pin_device(pin_memory_device: str) -> str | None:
@@ -145,7 +148,7 @@ def pin(data: Any, device: str) -> Any:
 def slot_pins(device: str | None) -> SlotPins | None:
     """What registers a worker's slots for ``device``, or None where slots are not
     registered (no pinning, or an accelerator other than CUDA)."""
-    if device is None or not device.startswith("cuda"):
+    if device is None or not device.startswith("cuda") or not REGISTER_SLOTS:
         return None
     torch = _torch.require("pin_memory=True")
     return SlotPins(torch)

@@ -1,0 +1,303 @@
+"""Issue 26's checks on a GPU, in one call: pinning, one-copy pinning, seed 004, W4 GPU decode.
+
+Run from the repository root on a machine with CUDA and torchvision (nothing is fetched;
+the C extension is optional)::
+
+    PYTHONPATH=src python tests/gpu/run_gpu_checks.py [--out DIR] [--quick]
+
+Every check runs in its own try/except, so one call reports them all; each prints one
+compact block and the whole record goes to ``DIR/gpu_checks.json`` (``$OUT`` when set, else
+the current directory). ``--quick`` shortens the measurements (a smoke run, about a minute).
+
+The checks:
+
+1. ``pinning``: with pin_memory=True, every tensor leaf of every batch is pinned for 0,
+   thread and process workers (torch tensors from the dataset, and NumPy samples with
+   ``tensor_type="torch"``; dicts and namedtuples), values as unpinned; a custom batch
+   type's ``pin_memory()`` is called; ``pin_memory_device="cuda:0"`` pins and ``"xpu"`` is
+   refused; process workers' slots are registered (no copy: leaves pinned in place).
+2. ``pytest``: tests/test_pin.py, tests/test_vision_gpu.py and the bench's pin tests, which
+   skip without CUDA elsewhere (needs pytest; reported as an error without it).
+3. ``overlap``: ``.to("cuda", non_blocking=True)`` returns before its copy ends and hides
+   the copy behind the next batch's loading (0 and 4 workers).
+4. ``w2_one_copy``: GB/s reaching the GPU on W2, stoker with registered slots (one copy),
+   stoker copying into pinned memory, torch's pin thread; same run.
+5. ``seed004``: the pin_memory x non_blocking table, stoker beside torch.
+6. ``w4_agreement``: GPU-decoded W4 batches against the CPU path's, in 8-bit levels
+   (tolerance: mean <= 2, 99th percentile <= 12).
+7. ``w4_decode``: W4 images/s reaching the GPU: GPU decode, torchvision's CPU pipeline,
+   stoker's CPU path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+REPO = Path(__file__).resolve().parents[2]
+MEAN_TOL, P99_TOL = 2.0, 12.0
+
+
+class Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
+class DictSamples:
+    """Torch samples: a dict of a tensor, a nested dict, and a namedtuple."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        x = torch.full((64, 64), float(i))
+        return {"x": x, "nested": {"y": torch.tensor(i)}, "pair": Pair(x[0], torch.tensor([i]))}
+
+
+class NumpySamples:
+    """NumPy samples (batched as torch tensors with tensor_type="torch")."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> Any:
+        import numpy as np
+
+        return np.full((256, 256), i, np.float32), i
+
+
+class CustomBatch:
+    """A batch type with its own pin_memory(), made by :func:`custom_collate`."""
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+        self.pinned_by_method = False
+
+    def pin_memory(self) -> CustomBatch:
+        out = CustomBatch(self.x.pin_memory())
+        out.pinned_by_method = True
+        return out
+
+
+def custom_collate(samples: list[Any]) -> CustomBatch:
+    import torch
+
+    return CustomBatch(torch.stack([torch.as_tensor(s[0]) for s in samples]))
+
+
+def _leaves(x: Any) -> list[Any]:
+    import torch
+
+    if isinstance(x, dict):
+        return [leaf for v in x.values() for leaf in _leaves(v)]
+    if isinstance(x, (list, tuple)):
+        return [leaf for v in x for leaf in _leaves(v)]
+    return [x] if isinstance(x, torch.Tensor) else []
+
+
+def check_pinning(quick: bool) -> dict[str, Any]:
+    """Check 1 (see the module docstring); raises AssertionError on the first failure."""
+    import torch
+
+    import stoker
+
+    out: dict[str, Any] = {}
+    modes: list[tuple[int, str | None]] = [(0, None), (2, "thread"), (2, "process")]
+    for ds, extra in ((DictSamples(), {}), (NumpySamples(), {"tensor_type": "torch"})):
+        for workers, mode in modes:
+            kw: dict[str, Any] = {"batch_size": 8, "num_workers": workers, **extra}
+            if mode:
+                kw["worker_mode"] = mode
+            key = f"{type(ds).__name__} {workers} {mode or 'in process'}"
+            pinned = stoker.DataLoader(ds, pin_memory=True, **kw)
+            it = iter(pinned)
+            got = list(it)
+            want = list(stoker.DataLoader(ds, **kw))
+            leaves = [leaf for b in got for leaf in _leaves(b)]
+            assert leaves and all(leaf.is_pinned() for leaf in leaves), f"{key}: not all pinned"
+            for a, b in zip(got, want, strict=True):
+                assert all(torch.equal(x, y) for x, y in zip(_leaves(a), _leaves(b), strict=True))
+            entry: dict[str, Any] = {"batches": len(got), "leaves_pinned": len(leaves)}
+            if mode == "process":
+                pins = it._pool.workers[0].maps.pins
+                assert pins is not None and pins.failure is None, f"{key}: {pins and pins.failure}"
+                assert pins.registered > 0, f"{key}: no slot registered"
+                entry["slots_registered"] = pins.registered
+                entry["register_s"] = round(pins.seconds, 4)
+            out[key] = entry
+    for workers, mode in modes:
+        kw = {"batch_size": 8, "num_workers": workers, "collate_fn": custom_collate}
+        if mode:
+            kw["worker_mode"] = mode
+        batch = next(iter(stoker.DataLoader(NumpySamples(), pin_memory=True, **kw)))
+        assert isinstance(batch, CustomBatch) and batch.pinned_by_method, "custom pin_memory()"
+        assert batch.x.is_pinned()
+    out["custom pin_memory() called"] = True
+    dev = stoker.DataLoader(
+        DictSamples(), batch_size=8, pin_memory=True, pin_memory_device="cuda:0"
+    )
+    assert all(leaf.is_pinned() for leaf in _leaves(next(iter(dev))))
+    try:
+        next(iter(stoker.DataLoader(DictSamples(), pin_memory=True, pin_memory_device="xpu")))
+    except ValueError as exc:
+        out["pin_memory_device='xpu'"] = f"ValueError: {exc}"
+    else:
+        raise AssertionError("pin_memory_device='xpu' was accepted")
+    out["pin_memory_device='cuda:0'"] = "pinned"
+    theirs = next(iter(torch.utils.data.DataLoader(DictSamples(), batch_size=8, pin_memory=True)))
+    out["torch's leaves pinned (reference)"] = all(leaf.is_pinned() for leaf in _leaves(theirs))
+    return out
+
+
+def check_pytest(quick: bool) -> dict[str, Any]:
+    """Check 2: the CUDA tests of the suite (they skip without CUDA elsewhere)."""
+    tests = ["tests/test_pin.py", "tests/test_vision_gpu.py", "tests/test_bench.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *tests]
+    cmd += ["-k", "not test_bench or pin"]
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO / 'tests'}"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-25:]
+    if proc.returncode != 0:
+        raise AssertionError("pytest failed:\n" + "\n".join(tail))
+    return {"returncode": proc.returncode, "tail": tail}
+
+
+def check_overlap(quick: bool) -> dict[str, Any]:
+    """Check 3."""
+    import gpu_pin
+
+    out = {"0 workers": gpu_pin.overlap(0, 1 if quick else 3)}
+    out["4 workers"] = gpu_pin.overlap(4, 1 if quick else 3)
+    for key, r in out.items():
+        assert r["call_returns_early"], f"{key}: the non_blocking call waited for its copy"
+        assert r["overlaps"], f"{key}: only {r['hidden']:.0%} of the copy time hidden"
+    return out
+
+
+def check_w2(quick: bool) -> dict[str, Any]:
+    """Check 4."""
+    import gpu_pin
+
+    r = gpu_pin.w2_to_gpu(4, 1 if quick else 3)
+    assert r["stoker one-copy"]["pinned_fraction"] == 1.0, "one-copy batches not pinned"
+    return r
+
+
+def check_seed004(quick: bool) -> dict[str, Any]:
+    """Check 5."""
+    import gpu_pin
+
+    return gpu_pin.seed004(batches=4 if quick else 10)
+
+
+def _w4_root(quick: bool) -> Path:
+    import w4_images
+
+    count = 256 if quick else 1024
+    return w4_images.make_folder(Path(tempfile.gettempdir()) / f"stoker-w4-{count}", count)
+
+
+def check_w4_agreement(quick: bool) -> dict[str, Any]:
+    """Check 6."""
+    import gpu_decode
+
+    r = gpu_decode.agreement(_w4_root(quick))
+    assert r["mean_levels"] <= MEAN_TOL and r["p99_levels"] <= P99_TOL, f"beyond tolerance: {r}"
+    return {**r, "tolerance": {"mean_levels": MEAN_TOL, "p99_levels": P99_TOL}}
+
+
+def check_w4_decode(quick: bool) -> dict[str, Any]:
+    """Check 7."""
+    import gpu_decode
+
+    return gpu_decode.w4(_w4_root(quick), 8, 1 if quick else 3)
+
+
+def environment(quick: bool) -> dict[str, Any]:
+    """Versions and the device."""
+    import torch
+
+    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__}
+    info["cuda"] = torch.version.cuda
+    info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    info["cpus"] = os.cpu_count()
+    try:
+        import torchvision
+
+        info["torchvision"] = torchvision.__version__
+    except ImportError as exc:
+        info["torchvision"] = f"missing: {exc}"
+    try:
+        from stoker.vision import _native  # noqa: F401
+
+        info["stoker C kernels"] = "built"
+    except ImportError:
+        info["stoker C kernels"] = "not built (the CPU path uses simplejpeg / Pillow)"
+    info["cuda_available"] = torch.cuda.is_available()
+    if not info["cuda_available"]:
+        print("CUDA is not available: every other check fails.", flush=True)
+    return info
+
+
+CHECKS: list[tuple[str, Callable[[bool], dict[str, Any]]]] = [
+    ("environment", environment),
+    ("pinning", check_pinning),
+    ("pytest", check_pytest),
+    ("overlap", check_overlap),
+    ("w2_one_copy", check_w2),
+    ("seed004", check_seed004),
+    ("w4_agreement", check_w4_agreement),
+    ("w4_decode", check_w4_decode),
+]
+
+
+def main() -> int:
+    """Run every check, print a compact report, write the JSON; 1 if any check failed."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", nargs="*", default=None, help="run only these checks")
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    record: dict[str, Any] = {"command": " ".join(sys.argv), "quick": args.quick}
+    failed = []
+    for name, check in CHECKS:
+        if args.only and name not in args.only:
+            continue
+        began = time.perf_counter()
+        try:
+            result = check(args.quick)
+            status = "PASS"
+        except Exception as exc:
+            result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            status = "FAIL"
+            failed.append(name)
+        seconds = time.perf_counter() - began
+        record[name] = {"status": status, "seconds": round(seconds, 1), **result}
+        print(f"== {name}: {status} ({seconds:.1f} s)", flush=True)
+        shown = {k: v for k, v in result.items() if k not in ("traceback", "rows", "tail")}
+        print(json.dumps(shown, indent=1, default=str)[:3000], flush=True)
+        if "tail" in result:
+            print("\n".join(result["tail"]))
+        if status == "FAIL":
+            print(result["traceback"][-2000:], flush=True)
+    out = Path(args.out) / "gpu_checks.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1, default=str))
+    print(f"wrote {out}; failed: {failed or 'none'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
