@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import collections
 import warnings
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pytest
 
 import stoker
+from gpu.run_gpu_checks import DictSamples, Pair, tensor_leaves
 from stoker._engine import _pin, _shm
 
 torch = pytest.importorskip("torch")
@@ -46,11 +47,6 @@ class Pinnable:
         )
 
     __hash__ = None  # type: ignore[assignment]
-
-
-class Pair(NamedTuple):
-    first: Any
-    second: Any
 
 
 class Tagged(dict):  # type: ignore[type-arg]
@@ -171,25 +167,6 @@ def test_slots_are_registered_only_for_cuda() -> None:
 # -- on CUDA ----------------------------------------------------------------------------
 
 
-def _leaves(x: Any) -> list[Any]:
-    if isinstance(x, dict):
-        return [leaf for v in x.values() for leaf in _leaves(v)]
-    if isinstance(x, (list, tuple)):
-        return [leaf for v in x for leaf in _leaves(v)]
-    return [x] if isinstance(x, torch.Tensor) else []
-
-
-class DictSamples:
-    """Samples of a tensor, a dict of a tensor and a NumPy array, and a namedtuple."""
-
-    def __len__(self) -> int:
-        return 32
-
-    def __getitem__(self, i: int) -> Any:
-        x = torch.full((64, 64), float(i))
-        return {"x": x, "nested": {"y": torch.tensor(i)}, "pair": Pair(x[0], torch.tensor([i]))}
-
-
 @needs_cuda
 @pytest.mark.parametrize(("workers", "mode"), MODES)
 def test_every_tensor_leaf_is_pinned(workers: int, mode: str | None) -> None:
@@ -201,9 +178,9 @@ def test_every_tensor_leaf_is_pinned(workers: int, mode: str | None) -> None:
     )
     plain = stoker.DataLoader(DictSamples(), batch_size=8, num_workers=workers, **kw)
     for got, want in zip(pinned, plain, strict=True):
-        leaves = _leaves(got)
+        leaves = tensor_leaves(got)
         assert leaves and all(leaf.is_pinned() for leaf in leaves)
-        assert all(torch.equal(a, b) for a, b in zip(leaves, _leaves(want), strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(leaves, tensor_leaves(want), strict=True))
 
 
 @needs_cuda
@@ -231,7 +208,7 @@ def test_pin_memory_device_is_honoured() -> None:
     loader = stoker.DataLoader(
         DictSamples(), batch_size=8, pin_memory=True, pin_memory_device="cuda:0"
     )
-    assert all(leaf.is_pinned() for leaf in _leaves(next(iter(loader))))
+    assert all(leaf.is_pinned() for leaf in tensor_leaves(next(iter(loader))))
     with pytest.raises(ValueError, match="pin_memory_device must"):
         next(
             iter(

@@ -96,13 +96,14 @@ def custom_collate(samples: list[Any]) -> CustomBatch:
     return CustomBatch(torch.stack([torch.as_tensor(s[0]) for s in samples]))
 
 
-def _leaves(x: Any) -> list[Any]:
+def tensor_leaves(x: Any) -> list[Any]:
+    """The torch tensors in ``x``, through dicts, lists and tuples."""
     import torch
 
     if isinstance(x, dict):
-        return [leaf for v in x.values() for leaf in _leaves(v)]
+        return [leaf for v in x.values() for leaf in tensor_leaves(v)]
     if isinstance(x, (list, tuple)):
-        return [leaf for v in x for leaf in _leaves(v)]
+        return [leaf for v in x for leaf in tensor_leaves(v)]
     return [x] if isinstance(x, torch.Tensor) else []
 
 
@@ -124,10 +125,11 @@ def check_pinning(quick: bool) -> dict[str, Any]:
             it = iter(pinned)
             got = list(it)
             want = list(stoker.DataLoader(ds, **kw))
-            leaves = [leaf for b in got for leaf in _leaves(b)]
+            leaves = [leaf for b in got for leaf in tensor_leaves(b)]
             assert leaves and all(leaf.is_pinned() for leaf in leaves), f"{key}: not all pinned"
             for a, b in zip(got, want, strict=True):
-                assert all(torch.equal(x, y) for x, y in zip(_leaves(a), _leaves(b), strict=True))
+                pairs = zip(tensor_leaves(a), tensor_leaves(b), strict=True)
+                assert all(torch.equal(x, y) for x, y in pairs), f"{key}: values differ"
             entry: dict[str, Any] = {"batches": len(got), "leaves_pinned": len(leaves)}
             if mode == "process":
                 pins = it._pool.workers[0].maps.pins
@@ -147,7 +149,7 @@ def check_pinning(quick: bool) -> dict[str, Any]:
     dev = stoker.DataLoader(
         DictSamples(), batch_size=8, pin_memory=True, pin_memory_device="cuda:0"
     )
-    assert all(leaf.is_pinned() for leaf in _leaves(next(iter(dev))))
+    assert all(leaf.is_pinned() for leaf in tensor_leaves(next(iter(dev))))
     try:
         next(iter(stoker.DataLoader(DictSamples(), pin_memory=True, pin_memory_device="xpu")))
     except ValueError as exc:
@@ -156,7 +158,7 @@ def check_pinning(quick: bool) -> dict[str, Any]:
         raise AssertionError("pin_memory_device='xpu' was accepted")
     out["pin_memory_device='cuda:0'"] = "pinned"
     theirs = next(iter(torch.utils.data.DataLoader(DictSamples(), batch_size=8, pin_memory=True)))
-    out["torch's leaves pinned (reference)"] = all(leaf.is_pinned() for leaf in _leaves(theirs))
+    out["torch's leaves pinned (reference)"] = all(t.is_pinned() for t in tensor_leaves(theirs))
     return out
 
 
