@@ -98,21 +98,23 @@ class MultiWorkerIterator:
         self._group_tasks = loader.worker_mode == "process" and not loader._iterable
         self._in_order = bool(loader.in_order)
         self._iterable = bool(loader._iterable)
-        # The tail of an epoch may be split across processes (see stoker._engine._tail).
+        # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning
+        self._step = getattr(loader.dataset, "main_process_step", None)
+        # The tail of an epoch may be split across processes (see stoker._engine._tail);
+        # not batches shaped for a dataset's step (their columns need not join).
         self._can_split = (
             loader.worker_mode == "process"
             and not self._iterable
             and loader._auto_collation
             and isinstance(loader.collate_fn, DefaultCollate)
             and not loader.skip_errors
+            and self._step is None
         )
         self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches
         self._first_loads: list[float] = []  # of the first ones, to size the group
         self._persistent = bool(loader.persistent_workers)
         self._timeout = float(loader.timeout)
         pin_device = loader._resolved_pin_device()
-        # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning
-        self._step = getattr(loader.dataset, "main_process_step", None)
         base = loader._seed()  # workers start seeded from base + id, as in torch
         pool: ProcessPool | ThreadPool
         if loader.worker_mode == "thread":

@@ -9,7 +9,8 @@ columns (:func:`encode`). In the main process, before pinning, the loader hands 
 batch to :func:`finish`: the device decodes the JPEGs (nvjpeg, through torchvision's
 ``decode_jpeg(list, device="cuda")``), then crops, resizes (torch's antialiased bilinear or
 bicubic), flips and normalises them there (:func:`transform`) into one N x 3 x H x W
-float32 tensor on the device.
+float32 tensor on the device. With another loader (torch's), call the dataset's
+``main_process_step`` on each batch in the training loop.
 
 Why a dataset argument, not a transform: the transform stays the one the CPU path runs (so
 switching is one argument, and the draws cannot differ), while where decoding happens is a
