@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import stoker
-from gpu.run_gpu_checks import DictSamples, Pair, tensor_leaves
+from gpu.run_gpu_checks import DictSamples, Pair, copies_read_their_own_batch, tensor_leaves
 from stoker._engine import _pin, _shm
 
 torch = pytest.importorskip("torch")
@@ -200,6 +200,14 @@ def test_process_slots_are_registered_once_and_batches_not_copied() -> None:
             )
     pins = it._pool.workers[0].maps.pins  # type: ignore[attr-defined]
     assert pins is not None and pins.failure is None and pins.registered > 0
+    assert _pin.in_registered_slot(x.data_ptr())  # the leaf is the slot's memory: no copy
+
+
+@needs_cuda
+def test_a_slot_is_not_refilled_while_a_non_blocking_copy_reads_it() -> None:
+    """Batches dropped right after .to("cuda", non_blocking=True), behind queued GPU work:
+    every copy still holds its own batch (the slot comes back once the copy is done)."""
+    assert copies_read_their_own_batch() == 16
 
 
 @needs_cuda

@@ -107,11 +107,37 @@ def tensor_leaves(x: Any) -> list[Any]:
     return [x] if isinstance(x, torch.Tensor) else []
 
 
+def copies_read_their_own_batch(batches: int = 16) -> int:
+    """Process workers, pinned slots: each batch is dropped right after its
+    ``.to("cuda", non_blocking=True)``, queued behind ~20 ms of GPU work, so its slot would
+    be refilled before the copy reads it if slots came back at once. Raises AssertionError
+    unless every copy holds its own batch; returns the batches checked."""
+    import torch
+
+    import stoker
+
+    values = torch.arange(4 * batches, dtype=torch.float32)
+    ds = stoker.TensorDataset(values[:, None].expand(-1, 1 << 18).contiguous())
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True)
+    copies = []
+    for (x,) in loader:
+        assert x.is_pinned()
+        torch.cuda._sleep(20_000_000)  # GPU cycles queued before the copy
+        copies.append(x.to("cuda", non_blocking=True))
+        del x
+    torch.cuda.synchronize()
+    for k, y in enumerate(copies):
+        want = values[4 * k : 4 * k + 4, None].expand(-1, 1 << 18)
+        assert torch.equal(y.cpu(), want), f"batch {k} was overwritten before its copy"
+    return len(copies)
+
+
 def check_pinning(quick: bool) -> dict[str, Any]:
     """Check 1 (see the module docstring); raises AssertionError on the first failure."""
     import torch
 
     import stoker
+    from stoker._engine import _pin
 
     out: dict[str, Any] = {}
     modes: list[tuple[int, str | None]] = [(0, None), (2, "thread"), (2, "process")]
@@ -135,6 +161,8 @@ def check_pinning(quick: bool) -> dict[str, Any]:
                 pins = it._pool.workers[0].maps.pins
                 assert pins is not None and pins.failure is None, f"{key}: {pins and pins.failure}"
                 assert pins.registered > 0, f"{key}: no slot registered"
+                first = tensor_leaves(got[-1])[0]
+                assert _pin.in_registered_slot(first.data_ptr()), f"{key}: a copy, not the slot"
                 entry["slots_registered"] = pins.registered
                 entry["register_s"] = round(pins.seconds, 4)
             out[key] = entry
@@ -146,6 +174,7 @@ def check_pinning(quick: bool) -> dict[str, Any]:
         assert isinstance(batch, CustomBatch) and batch.pinned_by_method, "custom pin_memory()"
         assert batch.x.is_pinned()
     out["custom pin_memory() called"] = True
+    out["copies read their own batch"] = copies_read_their_own_batch()
     dev = stoker.DataLoader(
         DictSamples(), batch_size=8, pin_memory=True, pin_memory_device="cuda:0"
     )

@@ -261,3 +261,12 @@ def _poll() -> None:
 def pending() -> int:
     """Registered slots waiting for their copies to finish."""
     return len(_PENDING)
+
+
+def in_registered_slot(address: int) -> bool:
+    """Whether ``address`` lies in a slot registered now (a batch leaf pinned in place)."""
+    for buf in list(_LIVE.values()):
+        start = ctypes.addressof(buf)
+        if start <= address < start + ctypes.sizeof(buf):
+            return True
+    return False
