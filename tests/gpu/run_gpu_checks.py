@@ -22,7 +22,8 @@ The checks:
    the copy behind the next batch's loading (0 and 4 workers).
 4. ``w2_one_copy``: GB/s reaching the GPU on W2, stoker with registered slots (one copy),
    stoker copying into pinned memory, torch's pin thread; same run.
-5. ``seed004``: the pin_memory x non_blocking table, stoker beside torch.
+5. ``seed004``: the pin_memory x non_blocking table, stoker beside torch; and
+   ``stoker_bench``: the ``stoker bench`` command printing that table on the GPU.
 6. ``w4_agreement``: GPU-decoded W4 batches against the CPU path's, in 8-bit levels
    (tolerance: mean <= 2, 99th percentile <= 12).
 7. ``w4_decode``: W4 images/s reaching the GPU: GPU decode, torchvision's CPU pipeline,
@@ -232,6 +233,25 @@ def check_seed004(quick: bool) -> dict[str, Any]:
     return gpu_pin.seed004(batches=4 if quick else 10)
 
 
+def check_stoker_bench(quick: bool) -> dict[str, Any]:
+    """Check 5b: the ``stoker bench`` command itself prints the sweep's table on a GPU."""
+    out = Path(tempfile.mkdtemp(prefix="stoker-bench-"))
+    argv = ["bench", "--workers", "0,4", "--worker-mode", "process", "--samples", "400",
+            "--sleep-ms", "0", "--batches", "4" if quick else "8", "--repeats", "1",
+            "--json", str(out / "bench.json"), "--no-plot", "--quiet"]  # fmt: skip
+    code = "import sys; from stoker._cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=240
+    )
+    lines = proc.stdout.splitlines()
+    table = [line for line in lines if line.startswith("pin_memory=")]
+    if proc.returncode != 0 or len(table) != 4:
+        raise AssertionError(f"stoker bench: status {proc.returncode}\n{proc.stdout}{proc.stderr}")
+    record = json.loads((out / "bench.json").read_text())["pin_memory_x_non_blocking"]
+    return {"tail": lines[-6:], "device": record["device"], "config": record["config"]}
+
+
 def _w4_root(quick: bool) -> Path:
     import w4_images
 
@@ -288,6 +308,7 @@ CHECKS: list[tuple[str, Callable[[bool], dict[str, Any]]]] = [
     ("overlap", check_overlap),
     ("w2_one_copy", check_w2),
     ("seed004", check_seed004),
+    ("stoker_bench", check_stoker_bench),
     ("w4_agreement", check_w4_agreement),
     ("w4_decode", check_w4_decode),
 ]
