@@ -175,9 +175,10 @@ class _Registration:
 _LIVE: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 """Registered buffers alive, by the id of their mapping: a mapping adopted by a later pool
 while a batch of it lives is not registered twice (CUDA refuses that)."""
-_PENDING: list[tuple[Any, Callable[[int], None], int]] = []
-"""(event, on_free, slot id) of registered slots whose batches died, waiting for their
-copies; shared by every loader, so an epoch's last slots are returned by a later poll."""
+_PENDING: list[tuple[Any, Callable[[int], None], int, Any]] = []
+"""(event, on_free, slot id, buffer) of registered slots whose batches died, waiting for
+their copies; shared by every loader, so an epoch's last slots are returned by a later
+poll."""
 _PENDING_LOCK = threading.Lock()
 
 
@@ -228,15 +229,17 @@ class SlotPins:
         self.registered += 1
         return buf
 
-    def guard(self, on_free: Callable[[int], None]) -> Callable[[int], None]:
-        """``on_free`` for a registered slot: it runs once the current stream has finished
-        what was queued when the batch died (checked whenever a batch dies or is viewed)."""
+    def guard(self, on_free: Callable[[int], None], buf: Any) -> Callable[[int], None]:
+        """``on_free`` for the registered slot ``buf``: it runs once the current stream has
+        finished what was queued when the batch died (checked whenever a batch dies or is
+        viewed). Until then ``buf`` is held, so the slot stays registered and mapped while a
+        copy may still read it."""
 
         def deferred(sid: int) -> None:
             event = self._torch.cuda.Event()
             event.record()
             with _PENDING_LOCK:
-                _PENDING.append((event, on_free, sid))
+                _PENDING.append((event, on_free, sid, buf))
             _poll()
 
         return deferred
@@ -254,7 +257,7 @@ def _poll() -> None:
             return
         done = [p for p in _PENDING if p[0].query()]
         _PENDING[:] = [p for p in _PENDING if not any(p is d for d in done)]
-    for _, on_free, sid in done:
+    for _, on_free, sid, _ in done:
         on_free(sid)
 
 

@@ -482,7 +482,7 @@ class SegmentMaps:
         buf = self._pinned.get(name)
         if self.pins is None or buf is None or isinstance(buf, mmap.mmap):
             return on_free
-        return self.pins.guard(on_free)
+        return self.pins.guard(on_free, buf)
 
     def mapped_bytes(self) -> int:
         """Bytes of the segments mapped now (for ``loader.statistics()``)."""

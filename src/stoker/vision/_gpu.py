@@ -9,7 +9,8 @@ columns (:func:`encode`). In the main process, before pinning, the loader hands 
 batch to :func:`finish`: the device decodes the JPEGs (nvjpeg, through torchvision's
 ``decode_jpeg(list, device="cuda")``), then crops, resizes (torch's antialiased bilinear or
 bicubic), flips and normalises them there (:func:`transform`) into one N x 3 x H x W
-float32 tensor on the device. With another loader (torch's), call the dataset's
+float32 tensor on the device. With another loader (torch's), or a wrapper that hides the
+dataset's attributes (``Subset``, ``ConcatDataset``), call the dataset's
 ``main_process_step`` on each batch in the training loop.
 
 Why a dataset argument, not a transform: the transform stays the one the CPU path runs (so
@@ -141,13 +142,11 @@ def transform(p: _fused.FusedPlan, images: Sequence[Any], geom: Any) -> Any:
             x = x.round_().clamp_(0, 255)
         if not crop_first:
             x = x[..., top : top + h, left : left + w]
-        dims = [d for d, on in ((2, vflip), (3, hflip)) if on]
-        if dims:
-            x = x.flip(dims)
-        out.append(x[0] * scale - offset)
+        dims = [d for d, on in ((1, vflip), (2, hflip)) if on]
+        out.append(x[0].flip(dims) if dims else x[0])
     if all(o.shape == out[0].shape for o in out):
-        return torch.stack(out)
-    return out
+        return torch.stack(out).mul_(scale).sub_(offset)  # normalised batch-wise
+    return [o.mul_(scale).sub_(offset) for o in out]
 
 
 def device_for_decode() -> Any:
