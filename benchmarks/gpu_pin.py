@@ -11,8 +11,8 @@ Needs CUDA. Three measurements, each a function that returns a JSON-ready dict (
   slot -> GPU), stoker with registration off (a copy into pinned memory per batch, as
   torch), and torch's DataLoader (its pin thread), alternating, persistent workers.
 - :func:`overlap`: whether ``.to("cuda", non_blocking=True)`` of a pinned batch returns
-  before its copy ends, and how much of the copy time it takes off an epoch whose batches
-  take as long to load as to copy (the copy overlaps the next batch's loading).
+  before its copy ends, and how much of the GPU's time (a step as long as loading a batch,
+  then the copy) the loop stops waiting for: the copy overlaps the next batch's loading.
 - :func:`seed004`: seed 004's pin_memory x non_blocking script (``stoker bench``'s sweep),
   stoker beside torch, on the same data.
 """
@@ -37,26 +37,21 @@ N, BATCH, FLOATS = 1000, 100, 1 << 18  # W2: 1 MiB of float32 per sample
 class Samples:
     """W2's samples: N copies of one 1 MiB float32 array (a tensor when ``torch_tensors``)."""
 
-    def __init__(
-        self, torch_tensors: bool = False, sleep_s: float = 0.0, sleep_every: int = 1
-    ) -> None:
+    def __init__(self, torch_tensors: bool = False) -> None:
         self.sample: Any = np.ones(FLOATS, np.float32)
         if torch_tensors:
             import torch
 
             self.sample = torch.from_numpy(self.sample)
-        self.sleep_s, self.sleep_every = sleep_s, sleep_every
 
     def __len__(self) -> int:
         return N
 
     def __getitem__(self, i: int) -> Any:
-        if self.sleep_s and i % self.sleep_every == 0:
-            time.sleep(self.sleep_s)
         return self.sample
 
 
-def _loader(which: str, workers: int, sleep_s: float = 0.0, sleep_every: int = 1) -> Any:
+def _loader(which: str, workers: int) -> Any:
     """A persistent, pinning loader over W2's samples: stoker (slots registered or not) or
     torch."""
     import torch
@@ -67,10 +62,10 @@ def _loader(which: str, workers: int, sleep_s: float = 0.0, sleep_every: int = 1
     kw: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers, "pin_memory": True}
     kw["persistent_workers"] = workers > 0
     if which == "torch":
-        return torch.utils.data.DataLoader(Samples(True, sleep_s, sleep_every), **kw)
+        return torch.utils.data.DataLoader(Samples(True), **kw)
     _pin.REGISTER_SLOTS = which == "stoker one-copy"
     try:
-        loader = stoker.DataLoader(Samples(False, sleep_s, sleep_every), tensor_type="torch", **kw)
+        loader = stoker.DataLoader(Samples(False), tensor_type="torch", **kw)
         if workers:
             iter(loader)  # the pool (and its slot registration choice) is made now
     finally:
@@ -78,8 +73,9 @@ def _loader(which: str, workers: int, sleep_s: float = 0.0, sleep_every: int = 1
     return loader
 
 
-def _epoch_to_gpu(loader: Any, non_blocking: bool = True) -> dict[str, float]:
-    """One epoch, each batch copied to the GPU; seconds until the GPU has the last one."""
+def _epoch_to_gpu(loader: Any, non_blocking: bool = True, gpu_cycles: int = 0) -> dict[str, float]:
+    """One epoch, each batch copied to the GPU (behind ``gpu_cycles`` of queued GPU work,
+    a training step, when given); seconds until the GPU has the last one."""
     import torch
 
     nbytes, wait, pinned, leaves = 0, 0.0, 0, 0
@@ -95,6 +91,8 @@ def _epoch_to_gpu(loader: Any, non_blocking: bool = True) -> dict[str, float]:
         wait += time.perf_counter() - asked
         leaves += 1
         pinned += int(batch.is_pinned())
+        if gpu_cycles:
+            torch.cuda._sleep(gpu_cycles)
         keep.append(batch.to("cuda", non_blocking=non_blocking))
         nbytes += batch.numel() * batch.element_size()
         del batch
@@ -143,10 +141,11 @@ def w2_to_gpu(workers: int = 4, epochs: int = 3) -> dict[str, Any]:
 def overlap(workers: int = 0, epochs: int = 3) -> dict[str, Any]:
     """Whether ``.to("cuda", non_blocking=True)`` overlaps with loading the next batch.
 
-    The call is timed against its copy for one pinned batch; then epochs whose batches
-    take about one copy's time to load (a sleep per batch) run with blocking and with
-    non-blocking copies: ``hidden`` is the share of the copy time that non-blocking copies
-    took off the epoch (1: all of it; 0: none).
+    The call is timed against its copy for one pinned batch. Then each batch's copy is
+    queued behind GPU work as long as loading a batch takes (a training step), with
+    blocking and with non-blocking copies: ``hidden`` is the share of that GPU time the
+    loop no longer waits for (1: all of it, the copy and the step overlap the next batch's
+    loading; 0: none).
     """
     import torch
 
@@ -165,24 +164,50 @@ def overlap(workers: int = 0, epochs: int = 3) -> dict[str, Any]:
     call_s = time.perf_counter() - t0
     torch.cuda.synchronize()
     del y
-    loader = _loader("stoker one-copy", workers, sleep_s=copy_s, sleep_every=BATCH)
+    loader = _loader("stoker one-copy", workers)
     _epoch_to_gpu(loader)  # warm-up
+    batches = N // BATCH
+    load_s = _time_loading(loader) / batches
+    cycles = _cycles(load_s)
     times: dict[bool, list[float]] = {True: [], False: []}
     for i in range(epochs):
         for nb in (True, False) if i % 2 == 0 else (False, True):
-            times[nb].append(_epoch_to_gpu(loader, non_blocking=nb)["seconds"])
+            run = _epoch_to_gpu(loader, non_blocking=nb, gpu_cycles=cycles)
+            times[nb].append(run["seconds"])
     blocking, non_blocking = statistics.median(times[False]), statistics.median(times[True])
-    hidden = (blocking - non_blocking) / (copy_s * N / BATCH)
+    hidden = (blocking - non_blocking) / (load_s * batches)
     return {
         "workers": workers,
         "copy_s": copy_s,
         "call_s": call_s,
         "call_returns_early": call_s < 0.25 * copy_s,
+        "load_s_per_batch": load_s,
         "epoch_blocking_s": blocking,
         "epoch_non_blocking_s": non_blocking,
         "hidden": hidden,
         "overlaps": hidden >= 0.5,
     }
+
+
+def _time_loading(loader: Any) -> float:
+    """Seconds of one epoch without any copy."""
+    start = time.perf_counter()
+    for _ in loader:
+        pass
+    return time.perf_counter() - start
+
+
+def _cycles(seconds: float) -> int:
+    """GPU clock cycles that ``torch.cuda._sleep`` spins for about ``seconds``."""
+    import torch
+
+    probe = 50_000_000
+    torch.cuda._sleep(probe)  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(probe)
+    torch.cuda.synchronize()
+    return max(1, int(probe * seconds / (time.perf_counter() - t0)))
 
 
 def seed004(workers: int = 5, batches: int = 10, compute_s: float = 0.02) -> dict[str, Any]:
