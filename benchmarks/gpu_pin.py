@@ -27,28 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).parent))
 
-N, BATCH, FLOATS = 1000, 100, 1 << 18  # W2: 1 MiB of float32 per sample
-
-
-class Samples:
-    """W2's samples: N copies of one 1 MiB float32 array (a tensor when ``torch_tensors``)."""
-
-    def __init__(self, torch_tensors: bool = False) -> None:
-        self.sample: Any = np.ones(FLOATS, np.float32)
-        if torch_tensors:
-            import torch
-
-            self.sample = torch.from_numpy(self.sample)
-
-    def __len__(self) -> int:
-        return N
-
-    def __getitem__(self, i: int) -> Any:
-        return self.sample
+from w2_transport import BATCH, FLOATS, N, NumpySamples, TorchSamples  # W2's samples
 
 
 def _loader(which: str, workers: int) -> Any:
@@ -62,10 +43,10 @@ def _loader(which: str, workers: int) -> Any:
     kw: dict[str, Any] = {"batch_size": BATCH, "num_workers": workers, "pin_memory": True}
     kw["persistent_workers"] = workers > 0
     if which == "torch":
-        return torch.utils.data.DataLoader(Samples(True), **kw)
+        return torch.utils.data.DataLoader(TorchSamples(), **kw)
     _pin.REGISTER_SLOTS = which == "stoker one-copy"
     try:
-        loader = stoker.DataLoader(Samples(False), tensor_type="torch", **kw)
+        loader = stoker.DataLoader(NumpySamples(), tensor_type="torch", **kw)
         if workers:
             iter(loader)  # the pool (and its slot registration choice) is made now
     finally:

@@ -261,11 +261,6 @@ def _poll() -> None:
         on_free(sid)
 
 
-def pending() -> int:
-    """Registered slots waiting for their copies to finish."""
-    return len(_PENDING)
-
-
 def in_registered_slot(address: int) -> bool:
     """Whether ``address`` lies in a slot registered now (a batch leaf pinned in place)."""
     for buf in list(_LIVE.values()):
