@@ -2,7 +2,9 @@
 
 One command for the seed documents' two tuning scripts: a sweep over worker counts, modes
 and batch sizes on a synthetic dataset (or the user's own, ``--dataset module:factory``),
-then ``pin_memory`` x ``non_blocking`` when torch has an accelerator. Each configuration is
+then ``pin_memory`` x ``non_blocking`` when torch has an accelerator (the best configuration,
+stoker's DataLoader beside torch's on the same data: GB/s reaching the device and the
+loop's wait; without one, a sentence says the sweep is skipped). Each configuration is
 timed over ``--batches`` batches after ``--warmup`` batches, ``--repeats`` times in
 alternating order (so drift on a noisy machine hits all alike), and reported by its median;
 the output is a table, a JSON file, a PNG plot (with the ``plot`` extra) and one
