@@ -123,7 +123,8 @@ def test_pin_comparison_skipped_plainly_without_accelerator(
 
 
 def test_pin_sweep_times_every_combination() -> None:
-    """pin_sweep (run here against the CPU) gives the four pin_memory x non_blocking rows."""
+    """pin_sweep (run here against the CPU) gives the four pin_memory x non_blocking rows
+    for stoker's loader and torch's, side by side, with GB/s and the loop's wait."""
     pytest.importorskip("torch")
     ds = _bench.SyntheticDataset(40, 64, 0.0)
     with warnings.catch_warnings():
@@ -131,14 +132,15 @@ def test_pin_sweep_times_every_combination() -> None:
         rows = _bench.pin_sweep(
             ds, _bench.Config(0, None, 10), "cpu", repeats=1, batches=2, warmup=1
         )
-    assert [(r["pin_memory"], r["non_blocking"]) for r in rows] == [
-        (True, True),
-        (True, False),
-        (False, True),
-        (False, False),
+    combos = [(True, True), (True, False), (False, True), (False, False)]
+    assert [(r["loader"], r["pin_memory"], r["non_blocking"]) for r in rows] == [
+        (w, pm, nb) for pm, nb in combos for w in ("stoker", "torch")
     ]
     assert all(r["bytes_per_s"] == pytest.approx(r["samples_per_s"] * 64) for r in rows)
-    assert "pin_memory= True, non_blocking=False: median time" in _bench.format_pin_table(rows)
+    assert all(0 <= r["wait_s"] <= r["median_seconds"] + 1e-3 for r in rows)
+    lines = _bench.format_pin_table(rows).splitlines()
+    assert len(lines) == 4 and lines[1].startswith("pin_memory= True, non_blocking=False: ")
+    assert " GB/s to the device, wait " in lines[1] and "| torch median time" in lines[1]
 
 
 def test_plot_written_when_matplotlib_is_installed(

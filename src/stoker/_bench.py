@@ -2,7 +2,9 @@
 
 One command for the seed documents' two tuning scripts: a sweep over worker counts, modes
 and batch sizes on a synthetic dataset (or the user's own, ``--dataset module:factory``),
-then ``pin_memory`` x ``non_blocking`` when torch has an accelerator. Each configuration is
+then ``pin_memory`` x ``non_blocking`` when torch has an accelerator (the best configuration,
+stoker's DataLoader beside torch's on the same data: GB/s reaching the device and the
+loop's wait; without one, a sentence says the sweep is skipped). Each configuration is
 timed over ``--batches`` batches after ``--warmup`` batches, ``--repeats`` times in
 alternating order (so drift on a noisy machine hits all alike), and reported by its median;
 the output is a table, a JSON file, a PNG plot (with the ``plot`` extra) and one
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -250,6 +253,7 @@ def measure(
     compute_s: float = 0.0,
     consume: Callable[[Any], Any] | None = None,
     finish: Callable[[], None] | None = None,
+    loader_class: Callable[..., Any] | None = None,
 ) -> dict[str, float]:
     """One timed run: a fresh loader, ``warmup`` batches untimed, then ``batches`` timed.
 
@@ -261,22 +265,27 @@ def measure(
         compute_s: a sleep per batch emulating a training step, subtracted from the time.
         consume: called on each timed batch (e.g. a copy to the device); its result counts.
         finish: called before the clock stops (e.g. waiting for the device).
+        loader_class: the loader to time (default stoker's; e.g. torch's to compare).
 
     Returns:
-        ``seconds``, ``samples``, ``bytes`` and ``epochs`` (epochs started).
+        ``seconds``, ``samples``, ``bytes``, ``epochs`` (epochs started) and ``wait`` (the
+        loop's seconds waiting for batches).
     """
     from stoker import DataLoader
 
-    loader: Any = DataLoader(dataset, **kwargs)
+    loader: Any = (loader_class or DataLoader)(dataset, **kwargs)
     epochs = [0]
     stream = _stream(loader, epochs)
     try:
         for _ in range(warmup):
             next(stream)
         samples = nbytes = 0
+        wait = 0.0
         t0 = time.perf_counter()
         for _ in range(batches):
+            asked = time.perf_counter()
             batch = next(stream)
+            wait += time.perf_counter() - asked
             if consume is not None:
                 batch = consume(batch)
             leaves = _leaves(batch)
@@ -288,7 +297,8 @@ def measure(
         if finish is not None:
             finish()
         seconds = time.perf_counter() - t0 - compute_s * batches
-        stats = loader.statistics()  # of the iterator running now, before the stream closes
+        # of the iterator running now, before the stream closes (stoker's loader only)
+        stats = loader.statistics() if hasattr(loader, "statistics") else None
     finally:
         stream.close()
     return {
@@ -296,8 +306,9 @@ def measure(
         "samples": samples,
         "bytes": nbytes,
         "epochs": epochs[0],
-        "input_bound": stats.input_bound,
-        "workers_used": stats.num_workers,
+        "wait": wait,
+        "input_bound": stats.input_bound if stats is not None else math.nan,
+        "workers_used": stats.num_workers if stats is not None else kwargs["num_workers"],
     }
 
 
@@ -525,36 +536,69 @@ def pin_sweep(
     progress: _Progress | None = None,
     **timing: Any,
 ) -> list[dict[str, Any]]:
-    """The seed's second script: ``pin_memory`` x ``non_blocking`` copies to ``device``.
+    """The seed's second script: ``pin_memory`` x ``non_blocking`` copies to ``device``,
+    on stoker's DataLoader and on torch's, with the same data and worker count.
 
     Every batch (torch tensors) is copied to ``device``; the clock stops once the device
     has finished. ``timing`` holds :func:`measure`'s ``batches``, ``warmup``, ``compute_s``.
+    torch's loader runs process workers (it has no others) with the same count.
 
     Returns:
-        One row per combination, with the medians of :func:`summarize`.
+        One row per loader and combination, with the medians of :func:`summarize`, the
+        bytes per second that reached the device (``bytes_per_s``) and the loop's median
+        wait for batches (``wait_s``).
     """
+    torch = _torch.require("the pin_memory x non_blocking comparison")
     finish = _synchronizer(device)
 
-    def one_run(combo: tuple[bool, bool]) -> dict[str, float]:
-        pm, nb = combo
-        kwargs = {**config.loader_kwargs(), "pin_memory": pm, "tensor_type": "torch"}
+    def one_run(key: tuple[str, bool, bool]) -> dict[str, float]:
+        which, pm, nb = key
+        kwargs = {**config.loader_kwargs(), "pin_memory": pm}
+        if which == "stoker":
+            kwargs["tensor_type"] = "torch"
+            loader_class = None
+        else:
+            kwargs.pop("worker_mode", None)
+            loader_class = torch.utils.data.DataLoader
 
         def consume(batch: Any) -> Any:
             return _to_device(batch, device, nb)
 
-        return measure(dataset, kwargs, consume=consume, finish=finish, **timing)
+        return measure(
+            dataset, kwargs, consume=consume, finish=finish, loader_class=loader_class, **timing
+        )
 
-    combos = [(pm, nb) for pm in (True, False) for nb in (True, False)]
-    runs = alternate(combos, repeats, one_run, progress)
-    return [{"pin_memory": pm, "non_blocking": nb, **summarize(runs[pm, nb])} for pm, nb in combos]
+    keys = [(w, pm, nb) for pm in (True, False) for nb in (True, False) for w in _LOADERS]
+    runs = alternate(keys, repeats, one_run, progress)
+    return [
+        {
+            "loader": w,
+            "pin_memory": pm,
+            "non_blocking": nb,
+            **summarize(runs[w, pm, nb]),
+            "wait_s": statistics.median(r["wait"] for r in runs[w, pm, nb]),
+        }
+        for w, pm, nb in keys
+    ]
+
+
+_LOADERS = ("stoker", "torch")
 
 
 def format_pin_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The pin_memory x non_blocking rows as text, in the seed script's words."""
+    """The pin_memory x non_blocking rows as text, in the seed script's words: per
+    combination, each loader's GB/s reaching the device and the loop's wait."""
+    by_combo: dict[tuple[bool, bool], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_combo.setdefault((r["pin_memory"], r["non_blocking"]), []).append(r)
     return "\n".join(
-        f"pin_memory={r['pin_memory']!s:>5}, non_blocking={r['non_blocking']!s:>5}: median "
-        f"time {r['median_seconds']:.3f} s, {r['samples_per_s']:,.1f} samples/s"
-        for r in rows
+        f"pin_memory={pm!s:>5}, non_blocking={nb!s:>5}: "
+        + " | ".join(
+            f"{r.get('loader', 'stoker')} median time {r['median_seconds']:.3f} s, "
+            f"{r['bytes_per_s'] / 1e9:.2f} GB/s to the device, wait {r['wait_s']:.3f} s"
+            for r in group
+        )
+        for (pm, nb), group in by_combo.items()
     )
 
 
@@ -708,7 +752,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if device is not None:
         chosen = Config(best["num_workers"], best["worker_mode"], best["batch_size"])
         print(f"pin_memory x non_blocking, copying to {device} ({chosen.label()}):", file=out)
-        bar = _Progress(4 * args.repeats, None if args.quiet else sys.stderr)
+        bar = _Progress(4 * len(_LOADERS) * args.repeats, None if args.quiet else sys.stderr)
         try:
             pin_rows = pin_sweep(
                 dataset, chosen, device, repeats=args.repeats, progress=bar, **timing

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker._collate import DefaultCollate
 from stoker._engine._buffers import for_loader
-from stoker._engine._pin import pin
+from stoker._engine._pin import pin, slot_pins
 from stoker._engine._pool import ProcessPool, ThreadPool
 from stoker._engine._tail import concat, mergeable, plan, worth_splitting
 from stoker._engine._transport import RemoteError, group_size
@@ -98,13 +98,17 @@ class MultiWorkerIterator:
         self._group_tasks = loader.worker_mode == "process" and not loader._iterable
         self._in_order = bool(loader.in_order)
         self._iterable = bool(loader._iterable)
-        # The tail of an epoch may be split across processes (see stoker._engine._tail).
+        # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning
+        self._step = getattr(loader.dataset, "main_process_step", None)
+        # The tail of an epoch may be split across processes (see stoker._engine._tail);
+        # not batches shaped for a dataset's step (their columns need not join).
         self._can_split = (
             loader.worker_mode == "process"
             and not self._iterable
             and loader._auto_collation
             and isinstance(loader.collate_fn, DefaultCollate)
             and not loader.skip_errors
+            and self._step is None
         )
         self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches
         self._first_loads: list[float] = []  # of the first ones, to size the group
@@ -119,6 +123,9 @@ class MultiWorkerIterator:
         else:
             pool = ProcessPool(loader, base, self._prefetch)
             self._pin_device = pin_device
+            pins = slot_pins(pin_device)  # one copy: the slots themselves are pinned
+            for w in pool.workers:
+                w.maps.pins = pins
         self._pool = pool
         self._started = [False] * capacity
         self._finalizer = weakref.finalize(self, pool.shutdown)
@@ -412,6 +419,8 @@ class MultiWorkerIterator:
     def _deliver(self, item: Any, entered: float) -> Any:
         if isinstance(item, _Failure):
             raise item.remote.rebuild()
+        if self._step is not None:
+            item = self._step(item)
         if self._pin_device is not None:
             item = pin(item, self._pin_device)
         self._stats.delivered(item, entered)

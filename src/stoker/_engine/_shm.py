@@ -446,6 +446,10 @@ class SegmentMaps:
 
     def __init__(self) -> None:
         self._maps: dict[str, mmap.mmap] = {}
+        # pin_memory=True with CUDA: registers each mapping as page-locked memory (see
+        # stoker._engine._pin.SlotPins); the buffers that hold the registrations, by name.
+        self.pins: Any = None
+        self._pinned: dict[str, Any] = {}
 
     def view(self, name: str, size: int) -> np.ndarray[Any, Any]:
         """A fresh uint8 array over the whole segment ``name``; its ``base`` is new too.
@@ -464,7 +468,21 @@ class SegmentMaps:
                 os.close(fd)
             _unlink(name)
             self._maps[name] = mm
-        return np.frombuffer(mm, np.uint8)
+        if self.pins is None:
+            return np.frombuffer(mm, np.uint8)
+        self.pins.poll()
+        buf = self._pinned.get(name)
+        if buf is None:
+            buf = self._pinned[name] = self.pins.register(mm)
+        return np.frombuffer(memoryview(buf), np.uint8)  # a fresh base per batch, as above
+
+    def freeing(self, name: str, on_free: Any) -> Any:
+        """What to call when the last view of a batch in segment ``name`` dies: ``on_free``,
+        or for a registered segment, ``on_free`` once the copies reading it are done."""
+        buf = self._pinned.get(name)
+        if self.pins is None or buf is None or isinstance(buf, mmap.mmap):
+            return on_free
+        return self.pins.guard(on_free, buf)
 
     def mapped_bytes(self) -> int:
         """Bytes of the segments mapped now (for ``loader.statistics()``)."""
@@ -485,16 +503,19 @@ class SegmentMaps:
         """Forget every segment; return those not in ``in_use`` (no live batch views)."""
         out = [(n, mm) for n, mm in self._maps.items() if n not in in_use]
         self._maps.clear()
+        self._pinned.clear()
         return out
 
     def drop(self, names: list[str]) -> None:
         """Forget retired segments (views still alive keep their memory)."""
         for name in names:
             self._maps.pop(name, None)
+            self._pinned.pop(name, None)
 
     def clear(self) -> None:
         """Forget every segment."""
         self._maps.clear()
+        self._pinned.clear()
 
 
 def pid_alive(pid: int) -> bool:

@@ -35,6 +35,8 @@ class SingleProcessIterator:
         self._fetch = fetcher.fetch_skipping
         self._seeded = fetcher.draws
         self._pin_device = loader._resolved_pin_device()
+        # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning
+        self._step = getattr(loader.dataset, "main_process_step", None)
         self._iterable = loader._iterable
         self._yielded = 0
         self._stats = StatsRecorder(0, loader._auto_collation)
@@ -67,6 +69,8 @@ class SingleProcessIterator:
                 self._stats.skipped += len(skipped[0])
             if epoch.deliver(k) and (skipped is None or not skipped[2]):
                 break
+        if self._step is not None:
+            data = self._step(data)
         if self._pin_device is not None:
             data = pin(data, self._pin_device)
         self._stats.delivered(data, entered)

@@ -514,7 +514,7 @@ def decode(
         base = maps.view(name, size)
         # Every view of ``base`` shares base.base (the memoryview NumPy made for it), so it
         # dies with the last view of the batch, tensors included (they hold their array).
-        weakref.finalize(base.base, on_free, sid)
+        weakref.finalize(base.base, maps.freeing(name, on_free), sid)
     if isinstance(payload, tuple):  # the fast path: a tuple or list of leaves, or a group
         if payload[0] == _GROUP:
             return [_fast_batch(code, pids, base) for code, pids in payload[1]]

@@ -5,7 +5,8 @@ Arguments, attributes and the order of samples are torchvision's. The file list 
 that workers share it without copying. An ImageFolder whose transform is a ``Compose``
 that starts with a crop/resize, flips, ``ToTensor`` and ``Normalize`` decodes JPEG files
 through the fused fast path (:mod:`stoker.vision._fused`); anything else runs the plain
-``loader`` + ``transform``.
+``loader`` + ``transform``. With ``decode="gpu"`` the same pipeline's draws are made in the
+workers and the JPEGs are decoded and transformed on the GPU (:mod:`stoker.vision._gpu`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stoker.vision import _fused
+import numpy as np
+
+from stoker._batch import ColumnBatch
+from stoker.vision import _fused, _gpu
 from stoker.vision._decode import default_loader, pil_loader
 from stoker.vision._lists import SampleList
 
@@ -130,6 +134,10 @@ class DatasetFolder:
         target_transform: applied to each class index.
         is_valid_file: decides which files to keep; excludes ``extensions``.
         allow_empty: accept class folders with no valid file.
+        decode: "cpu" (default) decodes in the workers; "gpu" sends the JPEG bytes and the
+            random draws, and the loader decodes and transforms them on the GPU in the main
+            process (batches of N x 3 x H x W float32 on the device and the targets; see
+            :mod:`stoker.vision._gpu`).
 
     Attributes:
         classes: the class names, sorted.
@@ -150,7 +158,15 @@ class DatasetFolder:
         target_transform: Callable[[Any], Any] | None = None,
         is_valid_file: Callable[[str], bool] | None = None,
         allow_empty: bool = False,
+        *,
+        decode: str = "cpu",
     ) -> None:
+        if decode not in ("cpu", "gpu"):
+            raise ValueError(
+                f"decode must be 'cpu' (decode in the workers) or 'gpu' (send the JPEG bytes "
+                f"and draws, decode on the GPU in the main process), got {decode!r}."
+            )
+        self.decode = decode
         self.root = os.fspath(root)
         self.transform = transform
         self.target_transform = target_transform
@@ -176,6 +192,9 @@ class DatasetFolder:
         )
         self._plan_for: object = None
         self._plan: _fused.FusedPlan | None = None
+        self._step: _gpu.BatchStep | None = None
+        if decode == "gpu":
+            _gpu.check_plan(self._fast_plan(), transform)
 
     @staticmethod
     def make_dataset(
@@ -209,7 +228,40 @@ class DatasetFolder:
             self._plan = _fused.plan(transform) if uses_pil else None
         return self._plan
 
+    @property
+    def main_process_step(self) -> _gpu.BatchStep | None:
+        """With decode='gpu', what the loader runs on each batch in the main process (the
+        decode and transforms on the device, see :mod:`stoker.vision._gpu`); else None."""
+        if self.decode != "gpu":
+            return None
+        fast = _gpu.check_plan(self._fast_plan(), self.transform)
+        if self._step is None or self._step.plan is not fast:
+            self._step = _gpu.BatchStep(fast)
+        return self._step
+
+    def _encoded(self, indices: Sequence[int]) -> ColumnBatch:
+        """decode='gpu': the samples' JPEG bytes and random draws, as columns."""
+        fast = _gpu.check_plan(self._fast_plan(), self.transform)
+        jobs, targets = [], []
+        for index in indices:
+            path, target = self.samples[index]
+            with open(path, "rb") as f:
+                data = f.read()
+            job = _fused.prepare(fast, path, data)
+            if job is None:
+                raise ValueError(
+                    f"decode='gpu' decodes RGB or grayscale JPEG files, and {path!r} is not "
+                    "one (another format, or CMYK); convert it, or use decode='cpu'."
+                )
+            jobs.append(job)
+            targets.append(target)
+        if self.target_transform is not None:  # the draws are made: decoding draws none
+            targets = [self.target_transform(target) for target in targets]
+        return ColumnBatch(_gpu.encode(fast, jobs, targets), np.arange(len(jobs)))
+
     def __getitem__(self, index: int) -> tuple[Any, Any]:
+        if self.decode == "gpu":
+            return self._encoded([index])[0]  # type: ignore[no-any-return]
         path, target = self.samples[index]
         sample: Any = None
         fast = self._fast_plan()
@@ -234,6 +286,8 @@ class DatasetFolder:
         a :class:`~stoker.vision._fused.FusedBatch`, which stoker's collate writes
         straight into the batch buffer; otherwise a list.
         """
+        if self.decode == "gpu":
+            return self._encoded(indices)
         fast = self._fast_plan()
         if fast is None:
             return [self[i] for i in indices]
@@ -274,6 +328,7 @@ class DatasetFolder:
         state = self.__dict__.copy()
         state["_plan_for"] = None  # rebuilt on first use: keeps pickles independent of plans
         state["_plan"] = None
+        state["_step"] = None
         return state
 
     def __repr__(self) -> str:
@@ -298,6 +353,10 @@ class ImageFolder(DatasetFolder):
         loader: reads an image from its path (default: RGB through Pillow).
         is_valid_file: decides which files to keep (then any extension counts).
         allow_empty: accept class folders with no valid file.
+        decode: "cpu" (default) decodes in the workers; "gpu" sends the JPEG bytes and the
+            random draws, and the loader decodes and transforms them on the GPU in the main
+            process (batches of N x 3 x H x W float32 on the device and the targets; see
+            :mod:`stoker.vision._gpu`).
 
     Attributes:
         imgs: the same as ``samples``.
@@ -311,6 +370,8 @@ class ImageFolder(DatasetFolder):
         loader: Callable[[str], Any] = default_loader,
         is_valid_file: Callable[[str], bool] | None = None,
         allow_empty: bool = False,
+        *,
+        decode: str = "cpu",
     ) -> None:
         super().__init__(
             root,
@@ -320,5 +381,6 @@ class ImageFolder(DatasetFolder):
             target_transform=target_transform,
             is_valid_file=is_valid_file,
             allow_empty=allow_empty,
+            decode=decode,
         )
         self.imgs = self.samples
