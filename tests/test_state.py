@@ -149,12 +149,19 @@ def test_skip_ahead_by_editing_delivered() -> None:
 
 
 def test_state_is_small_json() -> None:
-    """The state is JSON and small: counters and seeds, not data."""
-    loader = DataLoader(Noisy(10_000), batch_size=4, shuffle=True)
+    """The state is JSON and small: counters and seeds, not data; on a torch stream it
+    holds that generator's state too (5056 bytes, as base64)."""
+    loader = DataLoader(Noisy(10_000), batch_size=4, shuffle=True, generator=3)
     it = iter(loader)
     next(it)
     text = json.dumps(loader.state_dict())
     assert len(text) < 400
+    torch = pytest.importorskip("torch")
+    loader = DataLoader(Noisy(10_000), batch_size=4, shuffle=True, generator=torch.Generator())
+    it = iter(loader)
+    next(it)
+    text = json.dumps(loader.state_dict())
+    assert 6744 < len(text) < 7500
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ import numpy as np
 
 from stoker import _torch
 from stoker._batch import ColumnBatch
-from stoker._random import GeneratorLike, check_generator, draw_seed, rng
+from stoker._random import GeneratorLike, check_generator, draw_seed, rng, torch_stream
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -468,8 +468,10 @@ def random_split(
     Args:
         dataset: the dataset to split.
         lengths: the size, or the fraction, of each split.
-        generator: the randomness: None (the global RNG: torch's when torch is imported,
-            else NumPy's), an int seed, a ``numpy.random.Generator`` or a ``torch.Generator``.
+        generator: the randomness. A ``torch.Generator``, or None with torch imported
+            (torch's global RNG), gives torch's split: ``torch.randperm`` drawn from it.
+            An int seed, a ``numpy.random.Generator``, or None without torch (NumPy's
+            global RNG) draw one seed and permute with NumPy.
 
     Returns:
         One :class:`Subset` per entry of ``lengths``.
@@ -524,7 +526,13 @@ def random_split(
             )
         if size < 0:
             raise ValueError(f"lengths must be >= 0, but the one at index {pos} is {size}.")
-    order = rng(draw_seed(generator)).permutation(n).tolist()
+    stream = torch_stream(generator)
+    if stream is not None:  # torch's split: one permutation drawn from the stream
+        torch = _torch.loaded()
+        assert torch is not None, "a torch stream needs torch"
+        order = torch.randperm(n, generator=stream).tolist()
+    else:
+        order = rng(draw_seed(generator)).permutation(n).tolist()
     ends = itertools.accumulate(int(s) for s in lengths)
     return [
         Subset(dataset, order[end - int(size) : end])

@@ -27,6 +27,7 @@ from stoker._sampler import (
     Sampler,
     SequentialSampler,
     batch_arrays,
+    check_sampler_state,
 )
 from stoker._state import STATE_VERSION, Epoch, check_state
 from stoker._stats import LoaderStatistics, StatsRecorder, empty
@@ -360,25 +361,54 @@ class DataLoader(Generic[T_co]):
         return arrays if arrays is not None else iter(self._index_sampler)
 
     def _seed(self) -> int:
-        """The loader's base seed, drawn once from ``generator`` (see API.md)."""
+        """The loader's base seed, drawn once from ``generator`` (see API.md).
+
+        On a torch stream (a ``torch.Generator``, or None with torch imported) it is the
+        draw that torch's first iterator makes (see :meth:`_draw_iterator_seed`); asked
+        for before that (``state_dict()`` before iterating), it is read ahead without
+        moving the stream.
+        """
         if self._base_seed is None:
+            if _random.torch_stream(self.generator) is not None:
+                return _random.peek_seed(self.generator)
             self._base_seed = _random.draw_seed(self.generator)
         return self._base_seed
+
+    def _draw_iterator_seed(self) -> None:
+        """Draw from a torch stream what torch's DataLoader draws for each new iterator
+        (its workers' base seed), before the sampler draws the epoch, so that torch's
+        samplers over the same stream give torch's orders. The first draw is the base
+        seed; later ones only keep the stream in step (stoker seeds batches from
+        ``(base seed, epoch, batch)``)."""
+        if _random.torch_stream(self.generator) is None:
+            return
+        if self._resume is not None and self._resume.get("in_epoch"):
+            return  # the epoch resumed made this draw before its checkpoint
+        seed = _random.draw_seed(self.generator)
+        if self._base_seed is None:
+            self._base_seed = seed
 
     def _start_epoch(self) -> Epoch:
         """Begin the next epoch (or the one a loaded state resumes); called by iterators."""
         resume, self._resume = self._resume, None
         number = resume["epoch"] if resume is not None else self._next_epoch
         self._next_epoch = number + 1
-        state = self._sampler_state()
+        seed = self._seed()
+        # The state that draws this epoch again: read after the draw from stoker's
+        # samplers (its seed or torch stream is known only then), before it from others.
+        drawn = getattr(self._index_sampler, "_drawn_state", None)
+        state = None if callable(drawn) else self._sampler_state()
+        tasks = self._tasks()
+        if callable(drawn) and not self._iterable:
+            state = drawn()
         cap = self._skip_cap()
         if resume is None or resume["dataset"] is not None:  # the dataset resumes itself
-            self._current = Epoch(number, self._seed(), self._tasks(), state, skip_cap=cap)
+            self._current = Epoch(number, seed, tasks, state, skip_cap=cap)
         else:
             self._current = Epoch(
                 number,
-                self._seed(),
-                self._tasks(),
+                seed,
+                tasks,
                 state,
                 delivered=resume["delivered"],
                 delivered_beyond=frozenset(resume["delivered_beyond"]),
@@ -426,21 +456,73 @@ class DataLoader(Generic[T_co]):
             "dataset": get_dataset_state()
             if get_dataset_state is not None and self._iterable and self.num_workers == 0
             else None,
+            "in_epoch": cur is not None and not cur.finished,
+            "length": self._dataset_length(),
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
         }
+
+    def _dataset_length(self) -> int | None:
+        """``len(dataset)``, or None for a dataset without one (or an iterable one)."""
+        if self._iterable:
+            return None
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a :meth:`state_dict`: the next ``iter(loader)`` continues there.
 
+        The whole state is checked against this loader before any of it is applied, so a
+        refused state leaves the loader as it was.
+
         Raises:
-            ValueError: the state does not fit this loader (keys, version, counts, or a
-                sampler state of another kind).
+            ValueError: the state does not fit this loader: keys, version or counts, or a
+                dataset length, ``batch_size``, ``drop_last`` or sampler kind other than
+                this loader's (the message names both).
             TypeError: a field has the wrong type.
         """
         sd = check_state(state_dict)
-        if sd["sampler"] is not None and not hasattr(self._index_sampler, "load_state_dict"):
+        self._check_fits(sd)
+        if sd["dataset"] is not None:  # the one part not validated first: applied first
+            self.dataset.load_state_dict(sd["dataset"])
+        if sd["sampler"] is not None:
+            self._index_sampler.load_state_dict(sd["sampler"])
+        self._base_seed = sd["seed"]
+        self._resume = sd
+        self._current = None
+
+    def _check_fits(self, sd: dict[str, Any]) -> None:
+        """Raise ``ValueError`` unless state ``sd`` (checked on its own) fits this loader."""
+        fix = "resume with a loader built as the one that saved the state"
+        for key, mine in (
+            ("length", self._dataset_length()),
+            ("batch_size", self.batch_size),
+            ("drop_last", self.drop_last),
+        ):
+            if key in sd and sd[key] != mine:
+                what = "dataset length" if key == "length" else key
+                raise ValueError(
+                    f"DataLoader state was saved with {what}={sd[key]!r}, but this loader has "
+                    f"{what}={mine!r}: {fix}."
+                )
+        sampler = sd["sampler"]
+        index_sampler = self._index_sampler
+        if sampler is not None:
+            if not hasattr(index_sampler, "load_state_dict"):
+                raise ValueError(
+                    f"DataLoader state holds a sampler state of kind {sampler.get('kind')!r}, "
+                    f"but this loader's {type(index_sampler).__name__} has no load_state_dict: "
+                    "resume with the sampler the state was saved with."
+                )
+            check_sampler_state(index_sampler, sampler)
+        if sd["dataset"] is not None and not callable(
+            getattr(self.dataset, "load_state_dict", None)
+        ):
             raise ValueError(
-                "this DataLoader's sampler has no load_state_dict, but the state holds a "
-                "sampler state: resume with the sampler the state was saved with."
+                "DataLoader state holds a dataset state, but this loader's dataset "
+                f"({type(self.dataset).__name__}) has no load_state_dict: {fix}."
             )
         if not self._iterable and sd["delivered"] > len(self):
             raise ValueError(
@@ -448,13 +530,6 @@ class DataLoader(Generic[T_co]):
                 f"epoch of this loader has {len(self)}: was it saved with another dataset "
                 "or batch size?"
             )
-        if sd["sampler"] is not None:
-            self._index_sampler.load_state_dict(sd["sampler"])
-        if sd["dataset"] is not None:
-            self.dataset.load_state_dict(sd["dataset"])
-        self._base_seed = sd["seed"]
-        self._resume = sd
-        self._current = None
 
     def statistics(self) -> LoaderStatistics:
         """What the current (or last) iterator of this loader did: see :class:`LoaderStatistics`.
@@ -504,12 +579,15 @@ class DataLoader(Generic[T_co]):
             if self._iterator is not None and not (tuner and tuner.trying_in_process):
                 self._iterator._finalizer()
                 self._iterator = None
+            self._draw_iterator_seed()
             return SingleProcessIterator(self, tuner)
         from stoker._engine._multi import MultiWorkerIterator
 
         if not self.persistent_workers:
+            self._draw_iterator_seed()
             return MultiWorkerIterator(self)
         if self._iterator is None or not self._iterator._alive:
+            self._draw_iterator_seed()  # torch draws once for persistent workers
             self._iterator = MultiWorkerIterator(self)
         else:
             self._iterator._reset()
