@@ -31,6 +31,7 @@ from stoker._sampler import (
 )
 from stoker._state import STATE_VERSION, Epoch, check_state
 from stoker._stats import LoaderStatistics, StatsRecorder, empty
+from stoker.errors import ArgumentError
 
 if TYPE_CHECKING:
     from stoker._autotune import Autotuner
@@ -143,7 +144,10 @@ class DataLoader(Generic[T_co]):
     ) -> None:
         _check_num_workers(num_workers)
         if timeout < 0:
-            raise ValueError(f"timeout option should be non-negative, got timeout={timeout}.")
+            raise ValueError(
+                f"timeout option should be non-negative, got timeout={timeout}; pass the seconds "
+                "to wait for a batch from a worker, or 0 to wait as long as it is alive."
+            )
         if num_workers == 0 and prefetch_factor is not None:
             raise ValueError(
                 "prefetch_factor option could only be specified in multiprocessing: let "
@@ -153,15 +157,19 @@ class DataLoader(Generic[T_co]):
         if num_workers != 0 and prefetch_factor is None:
             prefetch_factor = 2
         if isinstance(prefetch_factor, str) and prefetch_factor != "auto":
-            raise ValueError(
-                f"prefetch_factor must be a non-negative int or 'auto', got {prefetch_factor!r}."
+            raise TypeError(  # torch fails comparing the string with 0
+                f"prefetch_factor must be a positive int or 'auto', got {prefetch_factor!r}."
             )
-        if isinstance(prefetch_factor, int) and prefetch_factor < 0:
+        if isinstance(prefetch_factor, (int, float)) and prefetch_factor < 0:
             raise ValueError(
-                f"prefetch_factor option should be non-negative, got {prefetch_factor}."
+                f"prefetch_factor option should be non-negative, got {prefetch_factor}; pass "
+                "how many batches each worker loads ahead (>= 1)."
             )
         if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0.")
+            raise ValueError(
+                "persistent_workers option needs num_workers > 0: there are no workers to keep "
+                "between epochs; pass num_workers >= 1 or persistent_workers=False."
+            )
         check_tensor_type(tensor_type)
         if worker_mode not in _WORKER_MODES:
             raise ValueError(f"worker_mode must be one of {_WORKER_MODES}, got {worker_mode!r}.")
@@ -225,7 +233,8 @@ class DataLoader(Generic[T_co]):
         elif batch_size is None and drop_last:
             raise ValueError(
                 "batch_size=None option disables auto-batching and is mutually exclusive "
-                "with drop_last=True."
+                "with drop_last=True: without batches there is no last batch to drop; pass "
+                "drop_last=False, or a batch_size."
             )
         if sampler is None:
             if self._iterable:
@@ -283,20 +292,22 @@ class DataLoader(Generic[T_co]):
             if self.num_workers == 0:
                 raise ValueError(
                     "multiprocessing_context can only be used with multi-process loading "
-                    f"(num_workers > 0), but got num_workers={self.num_workers}."
+                    f"(num_workers > 0), but got num_workers={self.num_workers}; pass "
+                    "num_workers >= 1, or leave multiprocessing_context None."
                 )
             if isinstance(ctx, str):
                 methods = multiprocessing.get_all_start_methods()
                 if ctx not in methods:
                     raise ValueError(
-                        f"multiprocessing_context should be a start method in {methods}, "
-                        f"got {ctx!r}."
+                        "multiprocessing_context option should specify a valid start method "
+                        f"in {methods!r}, but got multiprocessing_context={ctx!r}."
                     )
                 ctx = multiprocessing.get_context(ctx)
             if not isinstance(ctx, multiprocessing.context.BaseContext):
                 raise TypeError(
-                    "multiprocessing_context should be a start method name or a "
-                    f"multiprocessing context object, got {type(ctx).__name__}."
+                    "multiprocessing_context option should be a valid context object or a "
+                    "string specifying the start method, but got "
+                    f"multiprocessing_context={ctx!r} ({type(ctx).__name__})."
                 )
         self.__multiprocessing_context = ctx
 
@@ -583,6 +594,7 @@ class DataLoader(Generic[T_co]):
             return SingleProcessIterator(self, tuner)
         from stoker._engine._multi import MultiWorkerIterator
 
+        self._check_prefetch_factor()
         if not self.persistent_workers:
             self._draw_iterator_seed()
             return MultiWorkerIterator(self)
@@ -593,6 +605,23 @@ class DataLoader(Generic[T_co]):
             self._iterator._reset()
         it: MultiWorkerIterator = self._iterator
         return it
+
+    def _check_prefetch_factor(self) -> None:
+        """Refuse a ``prefetch_factor`` of 0 or a non-integer when workers start, where
+        torch refuses them (construction accepts them, as torch's does)."""
+        pf = self.prefetch_factor
+        if pf == "auto" or isinstance(pf, (int, np.integer)):
+            if pf != 0:
+                return
+            raise ArgumentError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter: "
+                "each worker must be given at least one batch ahead; pass prefetch_factor >= 1 "
+                "(or None for the default, 2)."
+            )
+        raise TypeError(
+            f"'{type(pf).__name__}' object cannot be interpreted as an integer: prefetch_factor "
+            f"must be an int >= 1 (or 'auto'), got {pf!r}."
+        )
 
     def __len__(self) -> int:
         if self._iterable:
@@ -646,5 +675,5 @@ def _check_num_workers(num_workers: object) -> None:
     if num_workers < 0:
         raise ValueError(
             "num_workers option should be non-negative; use num_workers=0 to disable "
-            f"multiprocessing (got {num_workers})."
+            f"multiprocessing (got num_workers={num_workers}), or 'auto' to let stoker choose."
         )

@@ -483,7 +483,10 @@ class RandomSampler(_SeededSampler):
         generator: GeneratorLike = None,
     ) -> None:
         if not isinstance(replacement, bool):
-            raise TypeError(f"replacement must be a bool, got {replacement!r}; pass True or False.")
+            raise TypeError(
+                f"replacement should be a boolean value, but got replacement={replacement!r}; "
+                "pass True or False."
+            )
         self.data_source = data_source
         self.replacement = replacement
         self._num_samples = (
@@ -492,8 +495,8 @@ class RandomSampler(_SeededSampler):
         n = self.num_samples
         if not _is_int(n) or n <= 0:
             raise ValueError(
-                f"num_samples must be a positive integer, got {n!r}; pass num_samples >= 1 "
-                "or a non-empty data_source."
+                f"num_samples should be a positive integer value, but got num_samples={n!r}; "
+                "pass num_samples >= 1 or a non-empty data_source."
             )
         self.generator = generator
         self._epoch = 0
@@ -771,9 +774,15 @@ class BatchSampler(Sampler[list[int]]):
         self, sampler: Sampler[int] | Iterable[int], batch_size: int, drop_last: bool
     ) -> None:
         if not _is_int(batch_size) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+            raise ValueError(
+                "batch_size should be a positive integer value, but got "
+                f"batch_size={batch_size!r}; pass how many indices a batch holds (>= 1)."
+            )
         if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last must be a bool, got {drop_last!r}; pass True or False.")
+            raise ValueError(
+                f"drop_last should be a boolean value, but got drop_last={drop_last!r}; pass "
+                "True or False."
+            )
         self.sampler = sampler
         self.batch_size = int(batch_size)
         self.drop_last = drop_last

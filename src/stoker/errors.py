@@ -5,8 +5,9 @@
     │   └── SharedMemoryError   /dev/shm cannot hold what the loader needs
     ├── CollateError         samples whose shapes or lengths differ (names the field path)
     └── WeightsError         (also a ValueError) sampling weights that cannot be drawn from
-    AssertionError
-    └── ArgumentError        (also a ValueError) an argument torch checks with an assertion
+    AssertionError           arguments that torch checks with an assertion:
+    ├── ArgumentError        (also a ValueError) a bad value
+    └── ArgumentTypeError    (also a TypeError) a dataset of the wrong kind
 
 Collate raises plain ``TypeError`` for a type it cannot batch, as torch does.
 
@@ -16,7 +17,14 @@ worker's traceback, id and sample indices are attached as a note.
 
 from __future__ import annotations
 
-__all__ = ["ArgumentError", "CollateError", "SharedMemoryError", "WeightsError", "WorkerError"]
+__all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
+    "CollateError",
+    "SharedMemoryError",
+    "WeightsError",
+    "WorkerError",
+]
 
 
 class WorkerError(RuntimeError):
@@ -46,4 +54,10 @@ class WeightsError(RuntimeError, ValueError):
 class ArgumentError(ValueError, AssertionError):
     """A bad argument that torch rejects with an ``AssertionError`` (e.g. ``TensorDataset``
     over tensors of different lengths): a ``ValueError`` too, which it is.
+    """
+
+
+class ArgumentTypeError(TypeError, AssertionError):
+    """An argument of the wrong kind that torch rejects with an ``AssertionError`` (e.g. an
+    ``IterableDataset`` inside ``ConcatDataset``): a ``TypeError`` too, which it is.
     """
