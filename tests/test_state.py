@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import stoker
 from stoker import DataLoader, Dataset, IterableDataset
 
 MODES = [(0, "process"), (1, "process"), (2, "process"), (3, "process"),
@@ -285,3 +286,33 @@ def test_state_rejected_half_way_leaves_loader_unchanged() -> None:
     with pytest.raises(ValueError, match="no load_state_dict"):
         loader.load_state_dict(state)
     assert [np.asarray(b).tolist() for b in loader] == expected
+
+
+class _LazySampler(stoker.RandomSampler):
+    """A subclass whose __iter__ draws at the first next(), not at iter()."""
+
+    def __iter__(self) -> Any:
+        yield from super().__iter__()
+
+
+def test_checkpoint_of_a_lazily_drawing_sampler_resumes_exactly() -> None:
+    """A sampler that draws only when first advanced is checkpointed by its state before
+    the draw (the state after it would name the previous epoch)."""
+
+    def loader() -> DataLoader[Any]:
+        return DataLoader(
+            list(range(30)), batch_size=4, sampler=_LazySampler(range(30), generator=6)
+        )
+
+    reference = loader()
+    list(reference)
+    second = [np.asarray(b).tolist() for b in reference]
+    saver = loader()
+    list(saver)
+    it = iter(saver)
+    head = [np.asarray(next(it)).tolist() for _ in range(3)]
+    state = saver.state_dict()
+    del it
+    fresh = loader()
+    fresh.load_state_dict(state)
+    assert head + [np.asarray(b).tolist() for b in fresh] == second

@@ -86,7 +86,10 @@ class DataLoader(Generic[T_co]):
         multiprocessing_context: start method (``"fork"``, ``"spawn"``, ``"forkserver"``)
             or a multiprocessing context object; process workers only.
         generator: an int seed, a ``numpy.random.Generator`` or a ``torch.Generator``,
-            from which the shuffle order and workers' seeds derive.
+            from which the shuffle order and workers' seeds derive. On a torch stream (a
+            ``torch.Generator``, or None with torch imported) each new iterator draws from
+            it as torch's does before the shuffle draws torch's order; see
+            ``stoker._sampler``.
         prefetch_factor: batches loaded ahead per worker (default 2 with workers);
             ``"auto"`` deepens it while the consumer still waits with all workers busy.
             Tiny batches that load in well under a millisecond count as a fraction of
@@ -406,11 +409,12 @@ class DataLoader(Generic[T_co]):
         self._next_epoch = number + 1
         seed = self._seed()
         # The state that draws this epoch again: read after the draw from stoker's
-        # samplers (its seed or torch stream is known only then), before it from others.
-        drawn = getattr(self._index_sampler, "_drawn_state", None)
-        state = None if callable(drawn) else self._sampler_state()
+        # samplers (its seed or torch stream is known only then), unless the epoch is not
+        # drawn yet (a subclass's lazy __iter__), and before it from others.
+        state = self._sampler_state()
         tasks = self._tasks()
-        if callable(drawn) and not self._iterable:
+        drawn = getattr(self._index_sampler, "_drawn_state", None)
+        if callable(drawn) and state is not None and self._sampler_state() != state:
             state = drawn()
         cap = self._skip_cap()
         if resume is None or resume["dataset"] is not None:  # the dataset resumes itself
