@@ -229,3 +229,35 @@ def test_split_zero_length_warning_as_torch() -> None:
         caught.append([(w.category, str(w.message)) for w in seen])
     assert caught[0] == caught[1]
     assert caught[0] and "Length of split at index 1 is 0" in caught[0][0][1]
+
+
+def _overrunning(m: Any) -> Any:
+    """An IterableDataset of module ``m`` whose len() says 2 but which yields 4 samples."""
+
+    class Overrun(m.IterableDataset):  # type: ignore[misc, name-defined]
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(4))
+
+        def __len__(self) -> int:
+            return 2
+
+    return Overrun()
+
+
+def test_iterable_length_warning_as_torch() -> None:
+    """An IterableDataset yielding more than len(loader) said warns as torch warns, at the
+    same batch."""
+    seen: list[list[tuple[int, type[Warning]]]] = []
+    for module in (td, stoker):
+        loader = module.DataLoader(_overrunning(module), batch_size=None)
+        assert len(loader) == 2
+        at = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for k, _ in enumerate(loader):
+                at.extend(
+                    (k, w.category) for w in caught if "Length of IterableDataset" in str(w.message)
+                )
+                caught.clear()
+        seen.append(at)
+    assert seen[0] == seen[1] and seen[0]
