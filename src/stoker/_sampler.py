@@ -706,9 +706,10 @@ class WeightedRandomSampler(_SeededSampler):
     def _epoch_indices(self) -> IndexArray:
         """The epoch's indices as an int64 array (advances the randomness by one epoch)."""
         w = self._weights
+        on_stream = self._replay is not None or torch_stream(self._generator) is not None
+        torch_draws = on_stream and len(w) <= _TORCH_MAX_CATEGORIES
+        self._validate(w, torch_draws)  # before the draw: a refused epoch draws nothing
         stream = self._torch_stream()
-        torch_draws = stream is not None and len(w) <= _TORCH_MAX_CATEGORIES
-        self._validate(w, torch_draws)
         if stream is not None:
             if torch_draws:
                 torch = _torch.loaded()
