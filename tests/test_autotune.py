@@ -360,8 +360,8 @@ def test_persistent_workers_wait_out_an_in_process_trial() -> None:
 
 
 def test_prefetch_factor_rejects_other_strings() -> None:
-    """prefetch_factor accepts an int or "auto"; another string is a ValueError."""
-    with pytest.raises(ValueError, match="prefetch_factor"):
+    """prefetch_factor accepts an int or "auto"; another string is a TypeError, as torch."""
+    with pytest.raises(TypeError, match="prefetch_factor"):
         DataLoader(Augmented(), batch_size=4, num_workers=1, prefetch_factor="many")
 
 

@@ -358,3 +358,56 @@ def test_get_worker_info_is_none_in_main_process() -> None:
 
     list(DataLoader(Probe()))
     assert seen == [None, None]
+
+
+class _Keyed:
+    """A map-style dataset keyed by anything: each sample is the key it was given, as
+    its repr (so that collate keeps it as it came)."""
+
+    def __getitem__(self, key: Any) -> str:
+        return repr(key)
+
+    def __len__(self) -> int:
+        return 5
+
+
+class _KeyedBatches(_Keyed):
+    """The same, loaded a batch at a time through ``__getitems__``."""
+
+    def __getitems__(self, keys: Any) -> list[str]:
+        assert isinstance(keys, list), type(keys)
+        return [f"items:{k!r}" for k in keys]
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+_KEYS = ["a", ("c", 1), "b", True, 3, frozenset({"x"})]
+
+
+@pytest.mark.parametrize(
+    "workers", [{}, {"num_workers": 2}, {"num_workers": 2, "worker_mode": "thread"}],
+    ids=["in_process", "processes", "threads"],
+)  # fmt: skip
+@pytest.mark.parametrize("dataset", [_Keyed, _KeyedBatches])
+@pytest.mark.parametrize("how", ["sampler", "batch_sampler", "no_batching"])
+def test_non_integer_keys_pass_through_as_in_torch(
+    how: str, dataset: type[_Keyed], workers: dict[str, Any]
+) -> None:
+    """Keys of any type from a custom sampler or batch sampler reach __getitem__ /
+    __getitems__ unchanged, as torch passes them (issue #20: int() was applied)."""
+    torch = pytest.importorskip("torch")
+    arguments: dict[str, Any] = {
+        "sampler": {"batch_size": 2, "sampler": _KEYS},
+        "batch_sampler": {"batch_sampler": [_KEYS[:2], _KEYS[2:5], _KEYS[5:]]},
+        "no_batching": {"batch_size": None, "sampler": _KEYS},
+    }[how]
+    theirs = list(
+        torch.utils.data.DataLoader(
+            dataset(), collate_fn=_as_is, **arguments, num_workers=workers.get("num_workers", 0)
+        )
+    )
+    ours = list(DataLoader(dataset(), collate_fn=_as_is, **arguments, **workers))
+    assert ours == theirs
+    assert "'a'" in str(ours[0]) and "('c', 1)" in str(ours[0 if how != "no_batching" else 1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,31 +105,30 @@ def test_numpy_generator_is_drawn_once_not_per_epoch() -> None:
     assert epochs[0] != epochs[1]
 
 
-def test_torch_generator_is_drawn_once_not_per_epoch() -> None:
-    """A torch Generator gives one base seed at the first __iter__; equal states repeat."""
+def test_torch_generator_draws_as_torch_each_epoch() -> None:
+    """A torch Generator is drawn from at every epoch, exactly as torch's sampler draws."""
     torch = pytest.importorskip("torch")
     g, twin = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
     s = RandomSampler(range(30), generator=g)
     epochs = [list(s) for _ in range(3)]
-    seed = draw_seed(twin)
+    theirs = torch.utils.data.RandomSampler(range(30), generator=twin)
+    assert epochs == [list(theirs) for _ in range(3)]
     assert torch.equal(g.get_state(), twin.get_state())
-    assert epochs == [rng(seed, e).permutation(30).tolist() for e in range(3)]
-    t = RandomSampler(range(30), generator=torch.Generator().manual_seed(0))
-    assert [list(t) for _ in range(3)] == epochs
 
 
-def test_global_torch_seed_drawn_at_first_iter_only() -> None:
-    """generator=None draws once from torch's global RNG when first iterated, not when built."""
+def test_global_torch_rng_drawn_at_each_iter_not_when_built() -> None:
+    """generator=None draws one seed from torch's global RNG per epoch, when iterated."""
     torch = pytest.importorskip("torch")
     runs = []
     for _ in range(2):
         s = RandomSampler(range(30))
-        torch.manual_seed(11)  # after construction: the draw happens at the first __iter__
+        torch.manual_seed(11)  # after construction: the draws happen at each __iter__
         runs.append([list(s) for _ in range(3)])
         after = torch.rand(3)
         torch.manual_seed(11)
-        draw_seed(None)
-        assert torch.equal(after, torch.rand(3))  # exactly one draw for three epochs
+        for _ in range(3):
+            draw_seed(None)
+        assert torch.equal(after, torch.rand(3))  # exactly one draw per epoch
     assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
 
 
@@ -281,23 +281,36 @@ def test_weighted_many_weights() -> None:
     assert sorted(out.tolist()) == [123, *range(2**25 - 5, 2**25)]
 
 
+def test_weighted_checks_shape_when_built() -> None:
+    """Weights that are not 1-D raise ValueError at construction, as torch's do."""
+    with pytest.raises(ValueError, match="weights should be a 1d sequence"):
+        WeightedRandomSampler([[1.0, 2.0]], 2)
+
+
 @pytest.mark.parametrize(
     ("weights", "kwargs", "match"),
     [
-        ([[1.0, 2.0]], {}, "1-D"),
         ([1.0, float("nan")], {}, "finite"),
         ([1.0, float("inf")], {}, "finite"),
-        ([1.0, -0.5], {}, "non-negative"),
-        ([0.0, 0.0], {}, "positive sum"),
-        ([], {}, "positive sum"),
+        ([1.0, -0.5], {}, ">= 0"),
+        ([0.0, 0.0], {}, "sum of probabilities <= 0"),
+        ([], {}, "sum of probabilities <= 0"),
         ([1.0, 0.0, 2.0], {"num_samples": 3, "replacement": False}, "non-zero"),
+        ([1.0, 2.0], {"num_samples": 3, "replacement": False}, "n_sample > prob_dist"),
     ],
 )
-def test_weighted_validates_weights(weights: object, kwargs: dict[str, object], match: str) -> None:
-    """Bad weights raise ValueError naming the rule broken."""
-    kw = {"num_samples": 2, **kwargs}
-    with pytest.raises(ValueError, match=match):
-        WeightedRandomSampler(weights, **kw)  # type: ignore[arg-type]
+def test_weighted_validates_weights_when_drawn(
+    weights: object, kwargs: dict[str, object], match: str
+) -> None:
+    """Bad weights raise WeightsError (a RuntimeError, as torch's multinomial raises, and a
+    ValueError) naming the rule broken, when an epoch is drawn, not when built."""
+    from stoker.errors import WeightsError
+
+    kw = {"num_samples": 2, "generator": 0, **kwargs}
+    s = WeightedRandomSampler(weights, **kw)  # type: ignore[arg-type]
+    for kind in (WeightsError, RuntimeError, ValueError):
+        with pytest.raises(kind, match=match):
+            iter(s)
 
 
 @pytest.mark.parametrize(
@@ -324,8 +337,9 @@ def test_weighted_reassigned_weights_are_used() -> None:
     assert set(s) == {0}
     s.weights = [0.0, 1.0]
     assert set(s) == {1}
-    with pytest.raises(ValueError):
-        s.weights = [-1.0, 1.0]
+    s.weights = [-1.0, 1.0]  # checked when drawn, as torch's multinomial checks it
+    with pytest.raises(ValueError, match="probability entry < 0"):
+        iter(s)
     assert s.weights.dtype == np.float64 and len(s) == 50
 
 
@@ -475,16 +489,25 @@ def test_state_dict_fixes_the_next_epochs(name: str) -> None:
     """A state taken at any point, loaded into a sampler with another generator, repeats
     the next two epochs; the state survives a JSON round trip."""
     make = _makers()[name]
+    torch = sys.modules.get("torch")
     for gen in _generators():
         s = make(gen)
         for done in range(3):
             sd = s.state_dict()
             assert json.loads(json.dumps(sd)) == sd
+            # generator=None on torch's global RNG: each epoch draws from it, as in torch,
+            # so the resumed run follows it when its state is restored too.
+            global_rng = torch.get_rng_state() if torch is not None else None
             later = [list(s), list(s)]
-            fresh = make(12345)
+            on_global = gen is None and torch is not None
+            fresh = make(None if on_global else 12345)
             fresh.load_state_dict(json.loads(json.dumps(sd)))
-            if done == 0 and not isinstance(gen, int) and "sequential" not in name:
-                continue  # seed not drawn yet: the loader keeps its own generator (next test)
+            on_torch = torch is not None and isinstance(gen, torch.Generator)
+            stoker_seed = gen is not None and not isinstance(gen, int) and not on_torch
+            if done == 0 and stoker_seed and "sequential" not in name:
+                continue  # seed not drawn yet: the loader keeps its own (next test)
+            if on_global:
+                torch.set_rng_state(global_rng)
             assert [list(fresh), list(fresh)] == later, (name, gen, done)
             # The state now equals the original's: loading is complete.
             assert fresh.state_dict() == s.state_dict()

@@ -28,7 +28,8 @@ import numpy as np
 
 from stoker import _torch
 from stoker._batch import ColumnBatch
-from stoker._random import GeneratorLike, check_generator, draw_seed, rng
+from stoker._random import GeneratorLike, check_generator, draw_seed, rng, torch_stream
+from stoker.errors import ArgumentError, ArgumentTypeError
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -110,7 +111,9 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
         *tensors: arrays or tensors sharing the size of their first dimension.
 
     Raises:
-        ValueError: no arrays were given, or their first dimensions differ.
+        ValueError: no arrays were given.
+        ArgumentError: their first dimensions differ (an ``AssertionError``, as torch
+            raises, and a ``ValueError``).
         TypeError: an argument is not an array or tensor.
         IndexError: an argument is 0-d (torch raises IndexError there too).
 
@@ -148,9 +151,10 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
                 )
             lengths.append(int(shape[0]))
         if any(n != lengths[0] for n in lengths):
-            raise ValueError(
-                "TensorDataset needs every array to have the same size in its first dimension "
-                f"(one row per sample), got sizes {lengths}; slice them to a common length."
+            raise ArgumentError(
+                "Size mismatch between tensors: TensorDataset needs every array to have the "
+                f"same size in its first dimension (one row per sample), got sizes {lengths}; "
+                "slice them to a common length."
             )
         self.tensors = tuple(tensors)
 
@@ -187,11 +191,15 @@ class StackDataset(Dataset[Any]):
     def __init__(self, *args: SizedDataset[Any], **kwargs: SizedDataset[Any]) -> None:
         if args and kwargs:
             raise ValueError(
-                "StackDataset takes datasets either positionally (tuple samples) or by "
-                "keyword (dict samples), but got both; pick one form."
+                "StackDataset supports either tuple-like (via args) or dict-like (via kwargs) "
+                "input/output, but both types are given: pass the datasets either "
+                "positionally (tuple samples) or by keyword (dict samples)."
             )
         if not args and not kwargs:
-            raise ValueError("StackDataset needs at least one dataset, got none.")
+            raise ValueError(
+                "At least one dataset should be passed: StackDataset got none; pass the "
+                "datasets to zip, e.g. StackDataset(images, labels)."
+            )
         members: dict[str, Any] = (
             kwargs if kwargs else {f"argument {i}": d for i, d in enumerate(args)}
         )
@@ -199,8 +207,8 @@ class StackDataset(Dataset[Any]):
         if len(set(lengths.values())) > 1:
             found = ", ".join(f"{name}: {n}" for name, n in lengths.items())
             raise ValueError(
-                f"StackDataset needs datasets of equal length, got {found}; "
-                "wrap the longer ones in Subset to align them."
+                f"Size mismatch between datasets: StackDataset needs datasets of equal length, "
+                f"got {found}; wrap the longer ones in Subset to align them."
             )
         self._length = next(iter(lengths.values()))
         self.datasets = dict(kwargs) if kwargs else tuple(args)
@@ -233,8 +241,10 @@ class ConcatDataset(Dataset[T_co]):
             and ``__len__``).
 
     Raises:
-        ValueError: ``datasets`` is empty.
-        TypeError: a member is an iterable-style dataset (use ``ChainDataset``).
+        ArgumentError: ``datasets`` is empty (an ``AssertionError``, as in torch, and a
+            ``ValueError``).
+        ArgumentTypeError: a member is an iterable-style dataset (use ``ChainDataset``;
+            an ``AssertionError``, as in torch, and a ``TypeError``).
     """
 
     _stoker_index_array: ClassVar[bool] = True
@@ -250,12 +260,15 @@ class ConcatDataset(Dataset[T_co]):
         super().__init__()
         self.datasets = list(datasets)
         if not self.datasets:
-            raise ValueError("ConcatDataset needs at least one dataset, got an empty iterable.")
+            raise ArgumentError(
+                "datasets should not be an empty iterable: ConcatDataset needs at least one "
+                "dataset to concatenate."
+            )
         for pos, d in enumerate(self.datasets):
             if is_iterable_dataset(d):
-                raise TypeError(
-                    f"ConcatDataset takes map-style datasets, but member {pos} is an "
-                    f"IterableDataset ({type(d).__name__}); chain streams with ChainDataset."
+                raise ArgumentTypeError(
+                    f"ConcatDataset does not support IterableDataset: member {pos} is one "
+                    f"({type(d).__name__}); chain streams with ChainDataset."
                 )
         self.cumulative_sizes = self.cumsum(self.datasets)
         self._cum = np.asarray(self.cumulative_sizes, dtype=np.int64)
@@ -278,8 +291,8 @@ class ConcatDataset(Dataset[T_co]):
         if idx < 0:
             if -idx > n:
                 raise ValueError(
-                    f"index {idx} is out of range: its absolute value must not exceed the "
-                    f"dataset length {n}."
+                    f"absolute value of index should not exceed dataset length: index {idx} "
+                    f"is out of range for length {n}."
                 )
             idx = n + idx
         elif idx >= n:
@@ -299,8 +312,8 @@ class ConcatDataset(Dataset[T_co]):
         low, high = int(idx.min()), int(idx.max())
         if low < -n:
             raise ValueError(
-                f"index {low} is out of range: its absolute value must not exceed the "
-                f"dataset length {n}."
+                f"absolute value of index should not exceed dataset length: index {low} "
+                f"is out of range for length {n}."
             )
         if high >= n:
             raise IndexError(f"index {high} is out of range for a dataset of length {n}.")
@@ -362,16 +375,14 @@ class ChainDataset(IterableDataset[Any]):
         datasets: iterable-style datasets (stoker's or torch's).
 
     Raises:
-        TypeError: a member is not an iterable-style dataset (when ``datasets`` is a list
-            or tuple, at construction; otherwise when it is reached).
+        ArgumentTypeError: a member is not an iterable-style dataset, when it is reached
+            by ``__iter__`` or ``len()``, as torch checks it (an ``AssertionError``, as
+            torch raises, and a ``TypeError``).
     """
 
     def __init__(self, datasets: Iterable[Any]) -> None:
         super().__init__()
         self.datasets = datasets
-        if isinstance(datasets, (list, tuple)):
-            for pos, d in enumerate(datasets):
-                _check_chain_member(pos, d)
 
     def __iter__(self) -> Iterator[Any]:
         for pos, d in enumerate(self.datasets):
@@ -388,9 +399,9 @@ class ChainDataset(IterableDataset[Any]):
 
 def _check_chain_member(pos: int, d: object) -> None:
     if not is_iterable_dataset(d):
-        raise TypeError(
-            f"ChainDataset takes IterableDatasets, but member {pos} is a {type(d).__name__}; "
-            "concatenate map-style datasets with ConcatDataset."
+        raise ArgumentTypeError(
+            f"ChainDataset only supports IterableDataset: member {pos} is a "
+            f"{type(d).__name__}; concatenate map-style datasets with ConcatDataset."
         )
 
 
@@ -469,8 +480,10 @@ def random_split(
     Args:
         dataset: the dataset to split.
         lengths: the size, or the fraction, of each split.
-        generator: the randomness: None (the global RNG: torch's when torch is imported,
-            else NumPy's), an int seed, a ``numpy.random.Generator`` or a ``torch.Generator``.
+        generator: the randomness. A ``torch.Generator``, or None with torch imported
+            (torch's global RNG), gives torch's split: ``torch.randperm`` drawn from it.
+            An int seed, a ``numpy.random.Generator``, or None without torch (NumPy's
+            global RNG) draw one seed and permute with NumPy.
 
     Returns:
         One :class:`Subset` per entry of ``lengths``.
@@ -497,8 +510,8 @@ def random_split(
         for pos, frac in enumerate(lengths):
             if not 0 <= frac <= 1:
                 raise ValueError(
-                    f"fractions in lengths must lie in [0, 1], but the one at index {pos} "
-                    f"is {frac}."
+                    f"Fraction at index {pos} is not between 0 and 1: it is {frac}; give "
+                    "fractions in [0, 1] summing to 1, or sizes."
                 )
             sizes.append(math.floor(n * frac))
         for i in range(n - sum(sizes)):
@@ -525,7 +538,13 @@ def random_split(
             )
         if size < 0:
             raise ValueError(f"lengths must be >= 0, but the one at index {pos} is {size}.")
-    order = rng(draw_seed(generator)).permutation(n).tolist()
+    stream = torch_stream(generator)
+    if stream is not None:  # torch's split: one permutation drawn from the stream
+        torch = _torch.loaded()
+        assert torch is not None, "a torch stream needs torch"
+        order = torch.randperm(n, generator=stream).tolist()
+    else:
+        order = rng(draw_seed(generator)).permutation(n).tolist()
     ends = itertools.accumulate(int(s) for s in lengths)
     return [
         Subset(dataset, order[end - int(size) : end])

@@ -82,7 +82,8 @@ def check_world(who: str, num_replicas: int | None, rank: int | None) -> tuple[i
         raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}.")
     if not 0 <= rank < num_replicas:
         raise ValueError(
-            f"rank must be in [0, {num_replicas - 1}] for num_replicas={num_replicas}, got {rank}."
+            f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}] for "
+            f"num_replicas={num_replicas}; pass this process's rank (0 .. num_replicas - 1)."
         )
     return int(num_replicas), int(rank)
 

@@ -27,9 +27,11 @@ from stoker._sampler import (
     Sampler,
     SequentialSampler,
     batch_arrays,
+    check_sampler_state,
 )
 from stoker._state import STATE_VERSION, Epoch, check_state
 from stoker._stats import LoaderStatistics, StatsRecorder, empty
+from stoker.errors import ArgumentError
 
 if TYPE_CHECKING:
     from stoker._autotune import Autotuner
@@ -84,7 +86,10 @@ class DataLoader(Generic[T_co]):
         multiprocessing_context: start method (``"fork"``, ``"spawn"``, ``"forkserver"``)
             or a multiprocessing context object; process workers only.
         generator: an int seed, a ``numpy.random.Generator`` or a ``torch.Generator``,
-            from which the shuffle order and workers' seeds derive.
+            from which the shuffle order and workers' seeds derive. On a torch stream (a
+            ``torch.Generator``, or None with torch imported) each new iterator draws from
+            it as torch's does before the shuffle draws torch's order; see
+            ``stoker._sampler``.
         prefetch_factor: batches loaded ahead per worker (default 2 with workers);
             ``"auto"`` deepens it while the consumer still waits with all workers busy.
             Tiny batches that load in well under a millisecond count as a fraction of
@@ -142,7 +147,10 @@ class DataLoader(Generic[T_co]):
     ) -> None:
         _check_num_workers(num_workers)
         if timeout < 0:
-            raise ValueError(f"timeout option should be non-negative, got timeout={timeout}.")
+            raise ValueError(
+                f"timeout option should be non-negative, got timeout={timeout}; pass the seconds "
+                "to wait for a batch from a worker, or 0 to wait as long as it is alive."
+            )
         if num_workers == 0 and prefetch_factor is not None:
             raise ValueError(
                 "prefetch_factor option could only be specified in multiprocessing: let "
@@ -152,15 +160,19 @@ class DataLoader(Generic[T_co]):
         if num_workers != 0 and prefetch_factor is None:
             prefetch_factor = 2
         if isinstance(prefetch_factor, str) and prefetch_factor != "auto":
-            raise ValueError(
-                f"prefetch_factor must be a non-negative int or 'auto', got {prefetch_factor!r}."
+            raise TypeError(  # torch fails comparing the string with 0
+                f"prefetch_factor must be a positive int or 'auto', got {prefetch_factor!r}."
             )
-        if isinstance(prefetch_factor, int) and prefetch_factor < 0:
+        if isinstance(prefetch_factor, (int, float)) and prefetch_factor < 0:
             raise ValueError(
-                f"prefetch_factor option should be non-negative, got {prefetch_factor}."
+                f"prefetch_factor option should be non-negative, got {prefetch_factor}; pass "
+                "how many batches each worker loads ahead (>= 1)."
             )
         if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0.")
+            raise ValueError(
+                "persistent_workers option needs num_workers > 0: there are no workers to keep "
+                "between epochs; pass num_workers >= 1 or persistent_workers=False."
+            )
         check_tensor_type(tensor_type)
         if worker_mode not in _WORKER_MODES:
             raise ValueError(f"worker_mode must be one of {_WORKER_MODES}, got {worker_mode!r}.")
@@ -224,7 +236,8 @@ class DataLoader(Generic[T_co]):
         elif batch_size is None and drop_last:
             raise ValueError(
                 "batch_size=None option disables auto-batching and is mutually exclusive "
-                "with drop_last=True."
+                "with drop_last=True: without batches there is no last batch to drop; pass "
+                "drop_last=False, or a batch_size."
             )
         if sampler is None:
             if self._iterable:
@@ -282,20 +295,22 @@ class DataLoader(Generic[T_co]):
             if self.num_workers == 0:
                 raise ValueError(
                     "multiprocessing_context can only be used with multi-process loading "
-                    f"(num_workers > 0), but got num_workers={self.num_workers}."
+                    f"(num_workers > 0), but got num_workers={self.num_workers}; pass "
+                    "num_workers >= 1, or leave multiprocessing_context None."
                 )
             if isinstance(ctx, str):
                 methods = multiprocessing.get_all_start_methods()
                 if ctx not in methods:
                     raise ValueError(
-                        f"multiprocessing_context should be a start method in {methods}, "
-                        f"got {ctx!r}."
+                        "multiprocessing_context option should specify a valid start method "
+                        f"in {methods!r}, but got multiprocessing_context={ctx!r}."
                     )
                 ctx = multiprocessing.get_context(ctx)
             if not isinstance(ctx, multiprocessing.context.BaseContext):
                 raise TypeError(
-                    "multiprocessing_context should be a start method name or a "
-                    f"multiprocessing context object, got {type(ctx).__name__}."
+                    "multiprocessing_context option should be a valid context object or a "
+                    "string specifying the start method, but got "
+                    f"multiprocessing_context={ctx!r} ({type(ctx).__name__})."
                 )
         self.__multiprocessing_context = ctx
 
@@ -360,25 +375,55 @@ class DataLoader(Generic[T_co]):
         return arrays if arrays is not None else iter(self._index_sampler)
 
     def _seed(self) -> int:
-        """The loader's base seed, drawn once from ``generator`` (see API.md)."""
+        """The loader's base seed, drawn once from ``generator`` (see API.md).
+
+        On a torch stream (a ``torch.Generator``, or None with torch imported) it is the
+        draw that torch's first iterator makes (see :meth:`_draw_iterator_seed`); asked
+        for before that (``state_dict()`` before iterating), it is read ahead without
+        moving the stream.
+        """
         if self._base_seed is None:
+            if _random.torch_stream(self.generator) is not None:
+                return _random.peek_seed(self.generator)
             self._base_seed = _random.draw_seed(self.generator)
         return self._base_seed
+
+    def _draw_iterator_seed(self) -> None:
+        """Draw from a torch stream what torch's DataLoader draws for each new iterator
+        (its workers' base seed), before the sampler draws the epoch, so that torch's
+        samplers over the same stream give torch's orders. The first draw is the base
+        seed; later ones only keep the stream in step (stoker seeds batches from
+        ``(base seed, epoch, batch)``)."""
+        if _random.torch_stream(self.generator) is None:
+            return
+        if self._resume is not None and self._resume.get("in_epoch"):
+            return  # the epoch resumed made this draw before its checkpoint
+        seed = _random.draw_seed(self.generator)
+        if self._base_seed is None:
+            self._base_seed = seed
 
     def _start_epoch(self) -> Epoch:
         """Begin the next epoch (or the one a loaded state resumes); called by iterators."""
         resume, self._resume = self._resume, None
         number = resume["epoch"] if resume is not None else self._next_epoch
         self._next_epoch = number + 1
+        seed = self._seed()
+        # The state that draws this epoch again: read after the draw from stoker's
+        # samplers (its seed or torch stream is known only then), unless the epoch is not
+        # drawn yet (a subclass's lazy __iter__), and before it from others.
         state = self._sampler_state()
+        tasks = self._tasks()
+        drawn = getattr(self._index_sampler, "_drawn_state", None)
+        if callable(drawn) and state is not None and self._sampler_state() != state:
+            state = drawn()
         cap = self._skip_cap()
         if resume is None or resume["dataset"] is not None:  # the dataset resumes itself
-            self._current = Epoch(number, self._seed(), self._tasks(), state, skip_cap=cap)
+            self._current = Epoch(number, seed, tasks, state, skip_cap=cap)
         else:
             self._current = Epoch(
                 number,
-                self._seed(),
-                self._tasks(),
+                seed,
+                tasks,
                 state,
                 delivered=resume["delivered"],
                 delivered_beyond=frozenset(resume["delivered_beyond"]),
@@ -426,21 +471,73 @@ class DataLoader(Generic[T_co]):
             "dataset": get_dataset_state()
             if get_dataset_state is not None and self._iterable and self.num_workers == 0
             else None,
+            "in_epoch": cur is not None and not cur.finished,
+            "length": self._dataset_length(),
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
         }
+
+    def _dataset_length(self) -> int | None:
+        """``len(dataset)``, or None for a dataset without one (or an iterable one)."""
+        if self._iterable:
+            return None
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a :meth:`state_dict`: the next ``iter(loader)`` continues there.
 
+        The whole state is checked against this loader before any of it is applied, so a
+        refused state leaves the loader as it was.
+
         Raises:
-            ValueError: the state does not fit this loader (keys, version, counts, or a
-                sampler state of another kind).
+            ValueError: the state does not fit this loader: keys, version or counts, or a
+                dataset length, ``batch_size``, ``drop_last`` or sampler kind other than
+                this loader's (the message names both).
             TypeError: a field has the wrong type.
         """
         sd = check_state(state_dict)
-        if sd["sampler"] is not None and not hasattr(self._index_sampler, "load_state_dict"):
+        self._check_fits(sd)
+        if sd["dataset"] is not None:  # the one part not validated first: applied first
+            self.dataset.load_state_dict(sd["dataset"])
+        if sd["sampler"] is not None:
+            self._index_sampler.load_state_dict(sd["sampler"])
+        self._base_seed = sd["seed"]
+        self._resume = sd
+        self._current = None
+
+    def _check_fits(self, sd: dict[str, Any]) -> None:
+        """Raise ``ValueError`` unless state ``sd`` (checked on its own) fits this loader."""
+        fix = "resume with a loader built as the one that saved the state"
+        for key, mine in (
+            ("length", self._dataset_length()),
+            ("batch_size", self.batch_size),
+            ("drop_last", self.drop_last),
+        ):
+            if key in sd and sd[key] != mine:
+                what = "dataset length" if key == "length" else key
+                raise ValueError(
+                    f"DataLoader state was saved with {what}={sd[key]!r}, but this loader has "
+                    f"{what}={mine!r}: {fix}."
+                )
+        sampler = sd["sampler"]
+        index_sampler = self._index_sampler
+        if sampler is not None:
+            if not hasattr(index_sampler, "load_state_dict"):
+                raise ValueError(
+                    f"DataLoader state holds a sampler state of kind {sampler.get('kind')!r}, "
+                    f"but this loader's {type(index_sampler).__name__} has no load_state_dict: "
+                    "resume with the sampler the state was saved with."
+                )
+            check_sampler_state(index_sampler, sampler)
+        if sd["dataset"] is not None and not callable(
+            getattr(self.dataset, "load_state_dict", None)
+        ):
             raise ValueError(
-                "this DataLoader's sampler has no load_state_dict, but the state holds a "
-                "sampler state: resume with the sampler the state was saved with."
+                "DataLoader state holds a dataset state, but this loader's dataset "
+                f"({type(self.dataset).__name__}) has no load_state_dict: {fix}."
             )
         if not self._iterable and sd["delivered"] > len(self):
             raise ValueError(
@@ -448,13 +545,6 @@ class DataLoader(Generic[T_co]):
                 f"epoch of this loader has {len(self)}: was it saved with another dataset "
                 "or batch size?"
             )
-        if sd["sampler"] is not None:
-            self._index_sampler.load_state_dict(sd["sampler"])
-        if sd["dataset"] is not None:
-            self.dataset.load_state_dict(sd["dataset"])
-        self._base_seed = sd["seed"]
-        self._resume = sd
-        self._current = None
 
     def statistics(self) -> LoaderStatistics:
         """What the current (or last) iterator of this loader did: see :class:`LoaderStatistics`.
@@ -504,17 +594,38 @@ class DataLoader(Generic[T_co]):
             if self._iterator is not None and not (tuner and tuner.trying_in_process):
                 self._iterator._finalizer()
                 self._iterator = None
+            self._draw_iterator_seed()
             return SingleProcessIterator(self, tuner)
         from stoker._engine._multi import MultiWorkerIterator
 
+        self._check_prefetch_factor()
         if not self.persistent_workers:
+            self._draw_iterator_seed()
             return MultiWorkerIterator(self)
         if self._iterator is None or not self._iterator._alive:
+            self._draw_iterator_seed()  # torch draws once for persistent workers
             self._iterator = MultiWorkerIterator(self)
         else:
             self._iterator._reset()
         it: MultiWorkerIterator = self._iterator
         return it
+
+    def _check_prefetch_factor(self) -> None:
+        """Refuse a ``prefetch_factor`` of 0 or a non-integer when workers start, where
+        torch refuses them (construction accepts them, as torch's does)."""
+        pf = self.prefetch_factor
+        if pf == "auto" or isinstance(pf, (int, np.integer)):
+            if pf != 0:
+                return
+            raise ArgumentError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter: "
+                "each worker must be given at least one batch ahead; pass prefetch_factor >= 1 "
+                "(or None for the default, 2)."
+            )
+        raise TypeError(
+            f"'{type(pf).__name__}' object cannot be interpreted as an integer: prefetch_factor "
+            f"must be an int >= 1 (or 'auto'), got {pf!r}."
+        )
 
     def __len__(self) -> int:
         if self._iterable:
@@ -568,5 +679,5 @@ def _check_num_workers(num_workers: object) -> None:
     if num_workers < 0:
         raise ValueError(
             "num_workers option should be non-negative; use num_workers=0 to disable "
-            f"multiprocessing (got {num_workers})."
+            f"multiprocessing (got num_workers={num_workers}), or 'auto' to let stoker choose."
         )

@@ -7,6 +7,7 @@ seed, a ``numpy.random.Generator`` or a ``torch.Generator``.
 
 from __future__ import annotations
 
+import base64
 import random
 import sys
 from collections.abc import Callable
@@ -65,6 +66,66 @@ def draw_seed(generator: GeneratorLike = None) -> int:
         return int(torch.empty((), dtype=torch.int64).random_().item())
     assert torch is not None, "check_generator admits no other kind"
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def torch_stream(generator: GeneratorLike) -> Any:
+    """The ``torch.Generator`` that torch's samplers would draw from, or None.
+
+    That is ``generator`` itself when it is a ``torch.Generator``, torch's default (global)
+    generator when ``generator`` is None and torch is imported, and None otherwise (an int
+    seed, a NumPy generator, or None without torch: stoker's own ``(seed, epoch)`` draws).
+    """
+    torch = _torch.loaded()
+    if torch is None:
+        return None
+    if generator is None:
+        return torch.default_generator
+    return generator if isinstance(generator, torch.Generator) else None
+
+
+def peek_seed(generator: GeneratorLike) -> int:
+    """The seed :func:`draw_seed` would draw now, without advancing ``generator``.
+
+    For a torch stream the draw is made on a copy of the generator's state; other kinds
+    are drawn as :func:`draw_seed` draws them (an int seed does not advance anyway).
+    """
+    stream = torch_stream(generator)
+    if stream is None:
+        return draw_seed(generator)
+    copy = new_torch_generator(encode_state(stream))
+    return draw_seed(copy)
+
+
+def encode_state(stream: Any) -> str:
+    """A torch generator's state as ASCII text (base64 of its 5056 bytes on the CPU), to
+    keep in a JSON-serialisable ``state_dict``."""
+    raw = stream.get_state().numpy().tobytes()
+    return base64.b64encode(raw).decode("ascii")
+
+
+def new_torch_generator(state: str) -> Any:
+    """A new CPU ``torch.Generator`` in the state :func:`encode_state` wrote."""
+    torch = _torch.require("a torch RNG state in a state_dict")
+    gen = torch.Generator()
+    set_state(gen, state)
+    return gen
+
+
+def set_state(stream: Any, state: str) -> None:
+    """Put a torch generator in the state :func:`encode_state` wrote.
+
+    Raises:
+        ValueError: ``state`` is not such a text.
+    """
+    torch = _torch.require("a torch RNG state in a state_dict")
+    try:
+        raw = base64.b64decode(state.encode("ascii"), validate=True)
+        stream.set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    except (ValueError, RuntimeError, AttributeError) as exc:
+        raise ValueError(
+            f"a saved torch generator state must be the text state_dict() wrote, got "
+            f"{str(state)[:40]!r}...: {exc}; load the state_dict unchanged."
+        ) from exc
 
 
 def rng(*seed_parts: int) -> np.random.Generator:

@@ -5,22 +5,19 @@ array); ``__iter__`` is built on it, and the loader's fast path (``epoch_indices
 ``batch_arrays`` below) slices that array into batches without creating a Python int per
 index.
 
-**Seeds by construction.** A random sampler (``RandomSampler``, ``SubsetRandomSampler``,
-``WeightedRandomSampler``) has a *base seed* and an *epoch counter*; epoch ``e`` is drawn
-from ``rng(base_seed, e)`` (``stoker._random``) and from nothing else. The epoch counter
-starts at 0 and advances by one at each ``__iter__`` (the epoch is drawn when ``iter()`` is
-called, not at the first ``next()``). The base seed comes from ``generator``:
+**Two kinds of randomness.** A random sampler (``RandomSampler``, ``SubsetRandomSampler``,
+``WeightedRandomSampler``) draws each epoch when ``iter()`` is called (not at the first
+``next()``), and counts epochs from 0:
 
-- an int: it is the base seed;
-- a ``numpy.random.Generator`` or ``torch.Generator``: one seed is drawn from it at the
-  first ``__iter__``, and never again;
-- None: one seed is drawn at the first ``__iter__`` from torch's global RNG if torch is
-  imported, else NumPy's, so ``torch.manual_seed(0)`` / ``np.random.seed(0)`` before
-  iterating repeat a run.
-
-This differs from torch, whose samplers draw from the generator at every epoch: a
-generator passed to stoker is advanced once, not once per epoch, and epoch ``e``'s order
-does not depend on what else used that generator meanwhile.
+- *torch's stream*: with a ``torch.Generator``, or with None while torch is imported
+  (torch's global RNG), the epoch is torch's: the same ``randperm`` / ``randint`` /
+  ``multinomial`` draws from the same stream as torch's sampler, so the indices equal
+  torch's epoch after epoch (beyond torch's 2**24 weights, ``WeightedRandomSampler``
+  draws one seed from the stream and samples as below).
+- *stoker's seeds*: with an int, it is the *base seed*; with a ``numpy.random.Generator``
+  (or None without torch: NumPy's global RNG) one base seed is drawn at the first
+  ``__iter__``, and never again. Epoch ``e`` is drawn from ``rng(base_seed, e)``
+  (``stoker._random``) and nothing else, whatever else used the generator meanwhile.
 
 **state_dict / load_state_dict.** Every stoker sampler, ``BatchSampler`` and
 ``DistributedSampler`` (in ``stoker._distributed``) has ``state_dict()``: a small
@@ -28,9 +25,19 @@ JSON-serialisable dict that fixes what the *next* ``__iter__`` yields. For a ran
 sampler it is ``{"kind": <class name>, "seed": <base seed, or None if not drawn yet>,
 "epoch": <epoch counter>}``; ``load_state_dict`` checks it and restores it, whatever
 generator the loading sampler was built with (with ``"seed": None`` the loading sampler
-draws its base seed from its own generator, as a fresh one would). To skip ahead or rewind,
-edit ``"epoch"`` before loading: ``sd["epoch"] = 7`` makes the next ``__iter__`` give
-epoch 7.
+draws its base seed from its own generator, as a fresh one would). To skip ahead or rewind
+on stoker's seeds, edit ``"epoch"`` before loading: ``sd["epoch"] = 7`` makes the next
+``__iter__`` give epoch 7.
+
+On a torch stream the state also holds ``"torch_state"``: the generator's state (5056
+bytes as base64, O(1) to save and load). Saved between epochs from a ``torch.Generator``,
+loading puts that generator in the state (a sampler built with another kind of generator
+gets a ``torch.Generator`` in it), and the stream goes on as in the run that saved it.
+A state that draws an epoch again (``_drawn_state()``, what a loader checkpoint keeps
+within an epoch) holds the stream's state before that epoch's draw. On torch's global RNG
+the saved epoch is drawn from a copy (the process's stream is not moved); later epochs
+draw from the global RNG as torch's do, so restore it (``torch.set_rng_state``) for an
+identical run; between epochs there is nothing to save.
 
 >>> s = RandomSampler(range(6), generator=np.random.default_rng(0))
 >>> _ = list(s)
@@ -53,12 +60,23 @@ import numpy as np
 import numpy.typing as npt
 
 from stoker import _torch
-from stoker._random import GeneratorLike, check_generator, draw_seed, rng
+from stoker._random import (
+    GeneratorLike,
+    check_generator,
+    draw_seed,
+    encode_state,
+    new_torch_generator,
+    rng,
+    set_state,
+    torch_stream,
+)
+from stoker.errors import WeightsError
 
 T_co = TypeVar("T_co", covariant=True)
 IndexArray = npt.NDArray[np.int64]
 
 _U64 = 2**64
+_TORCH_MAX_CATEGORIES = 2**24  # torch.multinomial refuses more weights
 
 # ``__iter__`` functions known to be exactly ``iter(self._epoch_indices().tolist())``; a
 # subclass that overrides ``__iter__`` is then iterated, never bypassed by the fast path.
@@ -91,7 +109,7 @@ def epoch_indices(sampler: object) -> IndexArray | None:
     return indices
 
 
-def batch_arrays(batch_sampler: object) -> Iterator[IndexArray] | None:
+def batch_arrays(batch_sampler: object) -> Iterator[IndexArray | list[Any]] | None:
     """The batches of a stoker ``BatchSampler`` as int64 arrays, or None to iterate it.
 
     >>> [b.tolist() for b in batch_arrays(BatchSampler(range(5), 2, drop_last=True))]
@@ -104,13 +122,24 @@ def batch_arrays(batch_sampler: object) -> Iterator[IndexArray] | None:
     return batch_sampler._iter_arrays()
 
 
+def _int_array(batch: list[Any]) -> IndexArray | list[Any]:
+    """A batch of keys as an int64 array when every key is an int, else unchanged: keys of
+    another type (str, tuple, bool...) reach ``__getitem__`` as the sampler gave them."""
+    if all(type(k) is int or isinstance(k, np.integer) for k in batch):
+        return np.asarray(batch, dtype=np.int64)
+    return batch
+
+
 def _is_int(x: object) -> bool:
     """Whether ``x`` is an integer (Python or NumPy) and not a bool."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def check_state(state_dict: object, owner: object, keys: tuple[str, ...]) -> Mapping[str, Any]:
-    """``state_dict`` if it is a state of ``owner``'s kind with exactly ``keys`` (and "kind").
+def check_state(
+    state_dict: object, owner: object, keys: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> Mapping[str, Any]:
+    """``state_dict`` if it is a state of ``owner``'s kind with exactly ``keys`` (and "kind"),
+    and perhaps some of ``optional``.
 
     Raises:
         TypeError: ``state_dict`` is not a dict.
@@ -130,7 +159,7 @@ def check_state(state_dict: object, owner: object, keys: tuple[str, ...]) -> Map
         )
     expected = {"kind", *keys}
     missing = sorted(expected - state_dict.keys())
-    extra = sorted(str(k) for k in state_dict.keys() - expected)
+    extra = sorted(str(k) for k in state_dict.keys() - expected - set(optional))
     if missing or extra:
         what = f"lacks {missing}" if missing else f"has unexpected keys {extra}"
         raise ValueError(
@@ -205,15 +234,18 @@ class Sampler(Generic[T_co]):
 
 
 class _SeededSampler(Sampler[int]):
-    """A sampler whose epoch ``e`` is drawn from ``rng(base_seed, e)`` (module docstring)."""
+    """A random sampler: torch's draws on a torch stream, else epoch ``e`` from
+    ``rng(base_seed, e)`` (module docstring)."""
 
     _generator: GeneratorLike
     _seed: int | None
     _epoch: int = 0
+    _replay: dict[str, Any] | None = None
+    _drawn: dict[str, Any] | None = None
 
     @property
     def generator(self) -> GeneratorLike:
-        """Where the base seed comes from; assigning one discards a base seed already drawn."""
+        """Where the randomness comes from; assigning one discards a base seed already drawn."""
         return self._generator
 
     @generator.setter
@@ -222,39 +254,133 @@ class _SeededSampler(Sampler[int]):
         self._generator = value
         self._seed = int(value) % _U64 if _is_int(value) else None
 
+    def _torch_stream(self) -> tuple[Any, bool] | None:
+        """Where the next epoch's torch draws come from: ``(generator, from_global)``, or
+        None for stoker's ``(seed, epoch)`` draws; advances the epoch counter and records
+        the state that draws this epoch again (:meth:`_drawn_state`).
+
+        ``from_global`` tells that the draws stand for torch's global RNG (``generator``
+        None), which torch's ``RandomSampler`` treats otherwise than a given generator.
+        A loaded ``torch_state`` is drawn from (a copy of the global RNG's, so that the
+        process's own stream is not moved; the sampler's own generator otherwise).
+        """
+        replay, self._replay = self._replay, None
+        self._epoch += 1
+        own = torch_stream(self._generator)
+        if replay is not None:
+            from_global = replay["source"] == "global"
+            if from_global or own is None or self._generator is None:
+                stream = new_torch_generator(replay["state"])
+            else:
+                stream = own
+                set_state(stream, replay["state"])
+            self._drawn = {"source": replay["source"], "state": replay["state"], "when": "draw"}
+            return stream, from_global
+        if own is None:
+            self._drawn = None
+            return None
+        from_global = self._generator is None
+        source = "global" if from_global else "generator"
+        self._drawn = {"source": source, "state": encode_state(own), "when": "draw"}
+        return own, from_global
+
     def _next_rng(self) -> np.random.Generator:
-        """The NumPy generator of the next epoch; advances the epoch counter."""
+        """The NumPy generator of the next epoch (stoker's draws, not a torch stream)."""
         if self._seed is None:
             self._seed = draw_seed(self._generator) % _U64
-        epoch = self._epoch
-        self._epoch = epoch + 1
-        return rng(self._seed, epoch)
+        return rng(self._seed, self._epoch - 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """What the next ``__iter__`` yields: ``{"kind", "seed", "epoch"}`` (module docstring).
+        """What the next ``__iter__`` yields: ``{"kind", "seed", "epoch"}``, and
+        ``"torch_state"`` on a torch stream (module docstring).
 
         >>> RandomSampler(range(3), generator=5).state_dict()
         {'kind': 'RandomSampler', 'seed': 5, 'epoch': 0}
         """
-        return {"kind": type(self).__name__, "seed": self._seed, "epoch": self._epoch}
+        torch_state = self._replay
+        own = torch_stream(self._generator)
+        if torch_state is None and own is not None and self._generator is not None:
+            torch_state = {"source": "generator", "state": encode_state(own), "when": "load"}
+        return self._state(self._epoch, torch_state)
+
+    def _drawn_state(self) -> dict[str, Any]:
+        """The state whose loading draws the last epoch drawn again (a checkpoint within
+        that epoch saves it; see ``DataLoader._start_epoch``)."""
+        return self._state(max(self._epoch - 1, 0), self._drawn)
+
+    def _state(self, epoch: int, torch_state: dict[str, Any] | None) -> dict[str, Any]:
+        state: dict[str, Any] = {"kind": type(self).__name__, "seed": self._seed, "epoch": epoch}
+        if torch_state is not None:
+            state["torch_state"] = dict(torch_state)
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a ``state_dict()``, so the next ``__iter__`` gives the epoch it names.
 
         Args:
             state_dict: a dict from ``state_dict()`` of the same class, possibly with
-                ``"epoch"`` edited to skip ahead or rewind.
+                ``"epoch"`` edited to skip ahead or rewind (stoker's draws only).
 
         Raises:
             TypeError: it is not a dict, or ``seed`` / ``epoch`` are not ints.
-            ValueError: its kind or keys differ, or ``seed`` / ``epoch`` are out of range.
+            ValueError: its kind or keys differ, or ``seed`` / ``epoch`` / ``torch_state``
+                are out of range.
         """
-        state = check_state(state_dict, self, ("seed", "epoch"))
+        self._apply_state(self._checked_state(state_dict))
+
+    def _checked_state(self, state_dict: Mapping[str, Any]) -> dict[str, Any]:
+        """``state_dict`` validated for this sampler, nothing applied yet."""
+        state = check_state(state_dict, self, ("seed", "epoch"), optional=("torch_state",))
         seed = state["seed"]
         if seed is not None:
             seed = state_int(self, state, "seed", bound=_U64, optional=True)
-        self._epoch = state_int(self, state, "epoch", bound=_U64)
-        self._seed = seed
+        epoch = state_int(self, state, "epoch", bound=_U64)
+        torch_state = state.get("torch_state")
+        if torch_state is not None:
+            torch_state = dict(_check_torch_state(self, torch_state))
+            new_torch_generator(torch_state["state"])  # a bad state raises here
+        return {"seed": seed, "epoch": epoch, "torch_state": torch_state}
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        """Apply a state from :meth:`_checked_state`.
+
+        A given generator's torch state is set in this sampler's ``torch.Generator`` now
+        (saved between epochs) or when the next epoch is drawn (saved within one, after
+        the loader's own draw); a sampler built with another kind of generator is given a
+        new ``torch.Generator`` in that state. The global RNG's state is drawn from a copy
+        at the next epoch only: later epochs follow torch's global RNG, as torch's do.
+        """
+        torch_state = state["torch_state"]
+        self._replay = None
+        if torch_state is not None:
+            mine = self._generator is not None and torch_stream(self._generator) is not None
+            if torch_state["source"] == "generator" and not mine:
+                self.generator = new_torch_generator(torch_state["state"])
+            elif torch_state["source"] == "generator" and torch_state["when"] == "load":
+                set_state(self._generator, torch_state["state"])
+            else:
+                self._replay = torch_state
+        self._epoch = state["epoch"]
+        self._seed = state["seed"]
+
+
+def _check_torch_state(owner: object, value: object) -> Mapping[str, Any]:
+    """``value`` if it is a ``torch_state`` entry as ``state_dict()`` writes it."""
+    kind = type(owner).__name__
+    ok = (
+        isinstance(value, Mapping)
+        and set(value) == {"source", "state", "when"}
+        and value["source"] in ("global", "generator")
+        and value["when"] in ("load", "draw")
+        and isinstance(value["state"], str)
+    )
+    if not ok:
+        raise ValueError(
+            f"{kind} state_dict['torch_state'] must be None or the dict state_dict() wrote "
+            f"({{'source', 'state', 'when'}}), got {str(value)[:80]}; load the state unchanged."
+        )
+    assert isinstance(value, Mapping)
+    return value
 
 
 class SequentialSampler(Sampler[int]):
@@ -297,6 +423,30 @@ class SequentialSampler(Sampler[int]):
         check_state(state_dict, self, ())
 
 
+def _torch_random_epoch(
+    n: int, k: int, replacement: bool, stream: Any, from_global: bool
+) -> IndexArray:
+    """One epoch of torch's ``RandomSampler`` over ``n`` items: the same draws from
+    ``stream`` (through a generator seeded from one draw of it, for the global RNG)."""
+    torch = _torch.loaded()
+    assert torch is not None, "a torch stream needs torch"
+    if from_global:
+        seed = int(torch.empty((), dtype=torch.int64).random_(generator=stream).item())
+        stream = torch.Generator()
+        stream.manual_seed(seed)
+    if replacement:
+        # torch draws k // 32 chunks of 32, then k % 32: the same values as one draw of k.
+        out = torch.randint(high=n, size=(k,), dtype=torch.int64, generator=stream)
+    else:
+        # torch draws one more permutation, cut to k % n (even to nothing), after the
+        # k // n whole ones.
+        parts = [torch.randperm(n, generator=stream) for _ in range(k // n + 1)]
+        parts[-1] = parts[-1][: k % n]
+        out = torch.cat(parts)
+    indices: IndexArray = out.numpy()
+    return indices
+
+
 class RandomSampler(_SeededSampler):
     """Yields indices of ``data_source`` in random order.
 
@@ -333,7 +483,10 @@ class RandomSampler(_SeededSampler):
         generator: GeneratorLike = None,
     ) -> None:
         if not isinstance(replacement, bool):
-            raise TypeError(f"replacement must be a bool, got {replacement!r}; pass True or False.")
+            raise TypeError(
+                f"replacement should be a boolean value, but got replacement={replacement!r}; "
+                "pass True or False."
+            )
         self.data_source = data_source
         self.replacement = replacement
         self._num_samples = (
@@ -342,8 +495,8 @@ class RandomSampler(_SeededSampler):
         n = self.num_samples
         if not _is_int(n) or n <= 0:
             raise ValueError(
-                f"num_samples must be a positive integer, got {n!r}; pass num_samples >= 1 "
-                "or a non-empty data_source."
+                f"num_samples should be a positive integer value, but got num_samples={n!r}; "
+                "pass num_samples >= 1 or a non-empty data_source."
             )
         self.generator = generator
         self._epoch = 0
@@ -359,6 +512,9 @@ class RandomSampler(_SeededSampler):
         k = self.num_samples
         if n == 0:
             raise ValueError(f"data_source must be non-empty to draw {k} samples, got length 0.")
+        stream = self._torch_stream()
+        if stream is not None:
+            return _torch_random_epoch(n, k, self.replacement, *stream)
         gen = self._next_rng()
         if self.replacement:
             return gen.integers(0, n, size=k, dtype=np.int64)
@@ -419,8 +575,15 @@ class SubsetRandomSampler(_SeededSampler):
 
     def _epoch_indices(self) -> IndexArray:
         """The epoch's indices as an int64 array (advances the randomness by one epoch)."""
-        gen = self._next_rng()
-        return self._index_array[gen.permutation(len(self._index_array))]
+        n = len(self._index_array)
+        stream = self._torch_stream()
+        if stream is not None:
+            torch = _torch.loaded()
+            assert torch is not None, "a torch stream needs torch"
+            order: IndexArray = torch.randperm(n, generator=stream[0]).numpy()
+        else:
+            order = self._next_rng().permutation(n)
+        return self._index_array[order]
 
     @_fast_iter
     def __iter__(self) -> Iterator[int]:
@@ -433,20 +596,25 @@ class SubsetRandomSampler(_SeededSampler):
 class WeightedRandomSampler(_SeededSampler):
     """Yields ``num_samples`` indices of ``weights``, each drawn with probability ∝ weight.
 
-    Any number of weights works (torch's ``multinomial`` stops at 2**24). With
-    replacement, uniform draws are located in the normalised cumulative sum; without,
-    the Gumbel top-k trick gives the same law as drawing one index at a time.
-    ``weights`` may be reassigned between epochs (it is validated again).
+    On a torch stream (module docstring) the draws are torch's ``multinomial``, as torch's
+    sampler makes them, up to 2**24 weights (torch's limit); past it, and for stoker's own
+    draws, uniform draws are located in the normalised cumulative sum (with replacement)
+    or the Gumbel top-k trick gives the law of drawing one index at a time (without).
+    ``weights`` are checked at each epoch, as torch's ``multinomial`` checks them, so they
+    may be reassigned or edited between epochs.
 
     Args:
         weights: 1-D, finite, non-negative, with a positive sum; need not sum to one.
         num_samples: how many indices per epoch.
         replacement: draw with replacement; without it, ``num_samples`` must not exceed
-            the number of non-zero weights.
+            the number of weights (on stoker's draws: of non-zero weights).
         generator: None, an int seed, or a NumPy or torch generator (module docstring).
 
     Raises:
-        ValueError: an argument breaks the rules above (the type torch raises too).
+        ValueError: ``num_samples`` is not a positive int, ``replacement`` not a bool or
+            ``weights`` not 1-D (at construction, the type torch raises too).
+        WeightsError: at iteration, weights that cannot be drawn from (a ``RuntimeError``,
+            as torch raises, and a ``ValueError``).
         TypeError: ``generator`` is of no accepted kind.
 
     >>> s = WeightedRandomSampler([0.0, 1.0, 0.0, 3.0], 8, generator=0)
@@ -467,9 +635,15 @@ class WeightedRandomSampler(_SeededSampler):
         generator: GeneratorLike = None,
     ) -> None:
         if not _is_int(num_samples) or num_samples <= 0:
-            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}.")
+            raise ValueError(
+                "num_samples should be a positive integer value, but got "
+                f"num_samples={num_samples!r}; pass how many indices an epoch draws (>= 1)."
+            )
         if not isinstance(replacement, bool):
-            raise ValueError(f"replacement must be a bool, got {replacement!r}.")
+            raise ValueError(
+                f"replacement should be a boolean value, but got replacement={replacement!r}; "
+                "pass True or False."
+            )
         self.generator = generator
         self._epoch = 0
         self.num_samples = int(num_samples)
@@ -483,32 +657,71 @@ class WeightedRandomSampler(_SeededSampler):
 
     @weights.setter
     def weights(self, value: Sequence[float] | npt.ArrayLike) -> None:
-        self._weights = self._validate(_to_numpy(value, dtype=np.float64))
-
-    def _validate(self, w: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        """Return ``w`` if it is a valid weight vector for this sampler, else raise."""
+        w = _to_numpy(value, dtype=np.float64)
         if w.ndim != 1:
-            raise ValueError(f"weights must be a 1-D sequence, got shape {w.shape}.")
-        if not np.isfinite(w).all():
-            raise ValueError("weights must be finite; found inf or nan.")
-        if (w < 0).any():
-            raise ValueError(f"weights must be non-negative, found {w.min()} at {w.argmin()}.")
+            raise ValueError(
+                f"weights should be a 1d sequence but given weights have shape {w.shape}; "
+                "pass one weight per dataset index."
+            )
+        self._weights = w
+
+    def _validate(self, w: npt.NDArray[np.float64], torch_draws: bool) -> None:
+        """Raise :class:`WeightsError` unless ``w`` can be drawn from, with torch's phrase
+        for the same weights (``torch_draws``: ``multinomial`` will draw them)."""
+        bad = ~np.isfinite(w) | (w < 0)
+        if bad.any():
+            at = int(np.argmax(bad))
+            if not self.replacement:
+                phrase = "probability tensor contains either `inf`, `nan` or element < 0"
+            elif np.isinf(w[at]):
+                phrase = "invalid multinomial distribution (encountering probability entry = infinity or NaN)"  # noqa: E501
+            else:
+                phrase = "invalid multinomial distribution (encountering probability entry < 0)"
+            raise WeightsError(
+                f"{phrase}: weights must be finite and >= 0, found {w[at]} at index {at}; "
+                "fix the weights."
+            )
         if not w.sum() > 0:
-            raise ValueError("weights must have a positive sum; all are zero (or empty).")
-        if not self.replacement:
-            nonzero = int(np.count_nonzero(w))
-            if self.num_samples > nonzero:
-                raise ValueError(
-                    f"without replacement num_samples must be <= the number of non-zero "
-                    f"weights, got num_samples={self.num_samples} and {nonzero} non-zero "
-                    "weights; lower num_samples or pass replacement=True."
-                )
-        return w
+            raise WeightsError(
+                "invalid multinomial distribution (sum of probabilities <= 0): all "
+                f"{len(w)} weights are zero; give some index a positive weight."
+            )
+        if self.replacement:
+            return
+        if self.num_samples > len(w):
+            raise WeightsError(
+                "cannot sample n_sample > prob_dist.size(-1) samples without replacement: "
+                f"num_samples={self.num_samples} but only {len(w)} weights; lower num_samples "
+                "or pass replacement=True."
+            )
+        nonzero = int(np.count_nonzero(w))
+        if not torch_draws and self.num_samples > nonzero:
+            raise WeightsError(
+                f"without replacement num_samples must be <= the number of non-zero weights, "
+                f"got num_samples={self.num_samples} and {nonzero} non-zero weights; lower "
+                "num_samples or pass replacement=True (torch would then draw zero-weight "
+                "indices, after all the others)."
+            )
 
     def _epoch_indices(self) -> IndexArray:
         """The epoch's indices as an int64 array (advances the randomness by one epoch)."""
-        w = self._validate(self._weights)  # cheap next to sampling; catches in-place edits
-        gen = self._next_rng()
+        w = self._weights
+        on_stream = self._replay is not None or torch_stream(self._generator) is not None
+        torch_draws = on_stream and len(w) <= _TORCH_MAX_CATEGORIES
+        self._validate(w, torch_draws)  # before the draw: a refused epoch draws nothing
+        stream = self._torch_stream()
+        if stream is not None:
+            if torch_draws:
+                torch = _torch.loaded()
+                assert torch is not None, "a torch stream needs torch"
+                out = torch.multinomial(
+                    torch.from_numpy(w), self.num_samples, self.replacement, generator=stream[0]
+                )
+                indices: IndexArray = out.numpy()
+                return indices
+            gen = rng(draw_seed(stream[0]) % _U64)
+        else:
+            gen = self._next_rng()
         if self.replacement:
             cdf = np.cumsum(w)
             cdf /= cdf[-1]
@@ -520,9 +733,9 @@ class WeightedRandomSampler(_SeededSampler):
             sums = np.cumsum(gen.standard_exponential(k + 1))
             u = sums[:k] / sums[k]
             np.minimum(u, np.nextafter(1.0, 0.0), out=u)
-            out: IndexArray = np.searchsorted(cdf, u, side="right").astype(np.int64)
-            gen.shuffle(out)
-            return out
+            out_np: IndexArray = np.searchsorted(cdf, u, side="right").astype(np.int64)
+            gen.shuffle(out_np)
+            return out_np
         candidates = np.flatnonzero(w)
         with np.errstate(divide="ignore"):
             keys = np.log(w[candidates]) + gen.gumbel(size=len(candidates))
@@ -562,9 +775,15 @@ class BatchSampler(Sampler[list[int]]):
         self, sampler: Sampler[int] | Iterable[int], batch_size: int, drop_last: bool
     ) -> None:
         if not _is_int(batch_size) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+            raise ValueError(
+                "batch_size should be a positive integer value, but got "
+                f"batch_size={batch_size!r}; pass how many indices a batch holds (>= 1)."
+            )
         if not isinstance(drop_last, bool):
-            raise ValueError(f"drop_last must be a bool, got {drop_last!r}; pass True or False.")
+            raise ValueError(
+                f"drop_last should be a boolean value, but got drop_last={drop_last!r}; pass "
+                "True or False."
+            )
         self.sampler = sampler
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
@@ -582,15 +801,14 @@ class BatchSampler(Sampler[list[int]]):
                 return
             yield batch
 
-    def _iter_arrays(self) -> Iterator[IndexArray]:
+    def _iter_arrays(self) -> Iterator[IndexArray | list[Any]]:
         """The epoch's batches as int64 arrays (slices of one array when possible).
 
         Like ``__iter__``, it draws the epoch from the wrapped sampler when called.
         """
         indices = epoch_indices(self.sampler)
         if indices is None:
-            lists = self._iter_lists(iter(self.sampler))
-            return (np.asarray(batch, dtype=np.int64) for batch in lists)
+            return (_int_array(batch) for batch in self._iter_lists(iter(self.sampler)))
         bs = self.batch_size
         return (indices[start : start + bs] for start in range(0, self._stop(len(indices)), bs))
 
@@ -620,6 +838,13 @@ class BatchSampler(Sampler[list[int]]):
         save = getattr(self.sampler, "state_dict", None)
         return {"kind": type(self).__name__, "sampler": save() if callable(save) else None}
 
+    def _drawn_state(self) -> dict[str, Any]:
+        """The state whose loading draws the last epoch drawn again (``_SeededSampler``)."""
+        drawn = getattr(self.sampler, "_drawn_state", None)
+        if callable(drawn):
+            return {"kind": type(self).__name__, "sampler": drawn()}
+        return self.state_dict()
+
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a ``state_dict()``: loads the sampler's part into the wrapped sampler.
 
@@ -632,6 +857,13 @@ class BatchSampler(Sampler[list[int]]):
             ValueError: its kind or keys differ, or it has a sampler state exactly when
                 the wrapped sampler cannot take one (and the sampler's own checks).
         """
+        inner = self._checked_inner(state_dict)
+        if inner is not None:
+            self.sampler.load_state_dict(inner)  # type: ignore[union-attr]
+
+    def _checked_inner(self, state_dict: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The wrapped sampler's part of ``state_dict``, all of it validated (raises as
+        :meth:`load_state_dict`); nothing is applied."""
         state = check_state(state_dict, self, ("sampler",))
         inner = state["sampler"]
         name = type(self.sampler).__name__
@@ -643,7 +875,7 @@ class BatchSampler(Sampler[list[int]]):
                     f"state), but this BatchSampler wraps a {name}, whose state it must hold; "
                     "load the state of a BatchSampler over the same kind of sampler."
                 )
-            return
+            return None
         if not isinstance(inner, Mapping):
             raise TypeError(
                 f"BatchSampler state_dict['sampler'] must be a dict or None, got "
@@ -655,7 +887,28 @@ class BatchSampler(Sampler[list[int]]):
                 f"BatchSampler wraps a {name}, which has no load_state_dict; wrap the kind of "
                 "sampler that saved it."
             )
-        load(inner)
+        check_sampler_state(self.sampler, inner)
+        return inner
+
+
+def check_sampler_state(sampler: object, state: Mapping[str, Any]) -> None:
+    """Validate ``state`` for ``sampler.load_state_dict`` without applying any of it, so
+    that a loader can check a whole checkpoint before it changes anything.
+
+    stoker's samplers check everything; another sampler's state is checked for its
+    ``"kind"`` (when it has one), the rest by its own ``load_state_dict``.
+
+    Raises:
+        TypeError, ValueError: as ``sampler.load_state_dict(state)`` would.
+    """
+    if isinstance(sampler, _SeededSampler):
+        sampler._checked_state(state)
+    elif isinstance(sampler, BatchSampler):
+        sampler._checked_inner(state)
+    elif isinstance(sampler, SequentialSampler):
+        check_state(state, sampler, ())
+    elif type(sampler).__module__.startswith("stoker.") and isinstance(state, Mapping):
+        check_state(state, sampler, tuple(k for k in state if k != "kind"))
 
 
 def __getattr__(name: str) -> Any:

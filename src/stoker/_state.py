@@ -5,12 +5,17 @@ its own (seed, e), the batch's augmentations from a seed mixed from all three), 
 checkpoint is a handful of counters: no data, no RNG dumps. It is JSON-serialisable::
 
     {"version": 1, "seed": 123, "epoch": 4, "delivered": 17, "delivered_beyond": [],
-     "skipped": 0, "sampler": {...}, "dataset": None}
+     "skipped": 0, "sampler": {...}, "dataset": None, "in_epoch": True, "length": 1000,
+     "batch_size": 8, "drop_last": False}
 
 ``delivered`` counts the batches of ``epoch`` handed to the training loop (with
 ``in_order=False``, ``delivered_beyond`` lists the ones delivered ahead of that prefix).
-``sampler`` is the batch sampler's state *before* the epoch was drawn, so loading it
-draws the same epoch again; the delivered batches are then skipped without being fetched.
+``sampler`` is the batch sampler's state that draws the epoch again (stoker's samplers
+give it once the epoch is drawn, so it holds the seed drawn for it; on a torch stream the
+generator's state before its draw: 5056 bytes, as base64); the delivered batches are then
+skipped without being fetched. ``length``, ``batch_size`` and ``drop_last`` describe the
+loader that saved it (None: the dataset has no length): a loader that differs refuses the
+state (states saved without them are not checked for them).
 ``skipped`` counts the samples of those batches left out because they failed to load
 (``skip_errors``), so the cap counts across a resume.
 """
@@ -35,6 +40,9 @@ _KEYS = (
     "sampler",
     "dataset",
 )
+_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last")
+"""Keys absent from older states: whether it was saved within an epoch (whose iterator
+had made its draws), and what describes the loader that saved it."""
 _INDICES_SHOWN = 8
 
 
@@ -142,7 +150,7 @@ class Epoch:
 
 
 def check_state(sd: object) -> dict[str, Any]:
-    """Validate a loader state; returns it as a dict.
+    """Validate a loader state on its own (not against a loader); returns it as a dict.
 
     Raises:
         TypeError: ``sd`` is not a mapping, or a field has the wrong type.
@@ -155,11 +163,12 @@ def check_state(sd: object) -> dict[str, Any]:
             f"{type(sd).__name__}."
         )
     missing = [k for k in _KEYS if k not in sd]
-    unknown = sorted(set(sd) - set(_KEYS))
+    unknown = sorted(set(sd) - set(_KEYS) - set(_CHECKED_KEYS))
     if missing or unknown:
         raise ValueError(
-            f"DataLoader state must have exactly the keys {list(_KEYS)}; missing {missing}, "
-            f"unknown {unknown}. Pass the dict that DataLoader.state_dict() returned."
+            f"DataLoader state must have exactly the keys {[*_KEYS, *_CHECKED_KEYS]}; "
+            f"missing {missing}, unknown {unknown}. Pass the dict that DataLoader.state_dict() "
+            "returned."
         )
     if sd["version"] != STATE_VERSION:
         raise ValueError(
@@ -180,6 +189,15 @@ def check_state(sd: object) -> dict[str, Any]:
             "DataLoader state field 'delivered_beyond' must be a list of batch indices "
             f"greater than delivered={sd['delivered']}, got {beyond!r}."
         )
+    for key in ("length", "batch_size"):
+        value = sd.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(
+                f"DataLoader state field {key!r} must be an int or None, got {value!r}."
+            )
+    for key in ("in_epoch", "drop_last"):
+        if not isinstance(sd.get(key, False), bool):
+            raise TypeError(f"DataLoader state field {key!r} must be a bool, got {sd[key]!r}.")
     if sd["sampler"] is not None and not isinstance(sd["sampler"], Mapping):
         raise TypeError(
             f"DataLoader state field 'sampler' must be a dict or None, got "
