@@ -1,4 +1,5 @@
-"""Peer contenders for the benchmarks: grain and torchdata's StatefulDataLoader, if installed.
+"""Peer contenders for the benchmarks: grain, torchdata's StatefulDataLoader and SPDL, if
+installed.
 
 Each factory builds the peer's loader for the same workload as the benchmark's torch
 contender (same samples, batch size, shuffle and worker count) and hands it to ``wrap``, the
@@ -14,7 +15,11 @@ operation that stacks samples into NumPy arrays, with ``worker_count`` worker pr
 that grain starts anew on each iteration of the loader, like torch without persistent
 workers, reading records in the worker's own thread (``ReadOptions(num_threads=0)``: the
 records are in memory, and grain's default read threads only slow it down here).
-StatefulDataLoader takes the exact arguments torch's ``DataLoader`` takes.
+StatefulDataLoader takes the exact arguments torch's ``DataLoader`` takes. SPDL runs two
+ways: with workers, ``spdl.dataloader.get_pytorch_dataloader`` (process workers behind torch's
+``DataLoader`` arguments, in order as torch gives batches); in process, SPDL's own pipeline
+(``spdl.dataloader.DataLoader``: a thread pool maps ``__getitem__``, an aggregator stacks the
+batch), with one thread, so that it does the work the in-process contenders do.
 """
 
 from __future__ import annotations
@@ -125,6 +130,36 @@ def statefuldl(dataset: Any, *, wrap: Wrap, **kw: Any) -> Run | None:
         return None
     module: Any = importlib.import_module("torchdata.stateful_dataloader")
     return wrap(module.StatefulDataLoader(dataset, **kw))
+
+
+def spdl(dataset: Any, *, wrap: Wrap, **kw: Any) -> Run | None:
+    """SPDL's process-backed ``get_pytorch_dataloader(dataset, **kw)`` as a run; None
+    without SPDL, or with ``num_workers=0`` (SPDL then starts one worker process anyway:
+    see :func:`spdl_in_process`)."""
+    if not available("spdl.dataloader") or not kw.get("num_workers"):
+        return None
+    module: Any = importlib.import_module("spdl.dataloader")
+    return wrap(module.get_pytorch_dataloader(dataset, in_order=True, **kw))
+
+
+def spdl_in_process(
+    dataset: Any, *, batch_size: int, aggregate: Callable[[list[Any]], Any], wrap: Wrap
+) -> Run | None:
+    """SPDL's own pipeline over ``dataset`` in this process, one thread, in order: each
+    index's ``dataset[i]``, ``batch_size`` of them given to ``aggregate``; None without
+    SPDL. A fresh pipeline per epoch, as SPDL builds one on each ``iter()``."""
+    if not available("spdl.dataloader"):
+        return None
+    module: Any = importlib.import_module("spdl.dataloader")
+    loader = module.DataLoader(
+        range(len(dataset)),
+        preprocessor=dataset.__getitem__,
+        batch_size=batch_size,
+        aggregator=aggregate,
+        num_threads=1,
+        output_order="input",
+    )
+    return wrap(loader)
 
 
 def add(contenders: dict[str, Run], peers: dict[str, Run | None]) -> dict[str, Run]:
