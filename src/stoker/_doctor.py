@@ -165,7 +165,9 @@ def _fast_paths(report: Report) -> None:
         )
     pillow = version("Pillow")
     report.line(s, "Pillow", pillow or "not installed")
-    if pillow is None:
+    if pillow is not None:
+        report.line(s, "Pillow's libjpeg-turbo", _pillow_turbo())
+    else:
         _off(report, "Pillow is missing, so stoker.vision cannot load images: pip install Pillow")
 
 
@@ -248,6 +250,17 @@ def _native() -> tuple[Any, str]:
         return None, f"{type(exc).__name__}: {exc}"
     except ImportError as exc:
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def _pillow_turbo() -> str:
+    """The libjpeg-turbo version Pillow was built with, or why it is not known."""
+    try:
+        from PIL import features
+
+        found = features.version("libjpeg_turbo")
+    except Exception as exc:  # a broken Pillow must not stop the report
+        return f"unknown ({type(exc).__name__}: {exc})"
+    return found or "none (Pillow decodes with plain libjpeg)"
 
 
 def _instruction_set(native: Any) -> str | None:
