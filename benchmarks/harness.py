@@ -27,15 +27,25 @@ RESULTS = Path(__file__).parent / "results"
 Run = Callable[[], dict[str, float]]
 
 
-def cli(description: str, repeats: int = 5, workers: int | None = None) -> argparse.Namespace:
+def cli(
+    description: str, repeats: int = 5, workers: int | None = None, front: bool = False
+) -> argparse.Namespace:
     """The common command line: ``--repeats N``, ``--warmup N`` (untimed runs first),
-    ``--quick`` (one repeat, no warm-up, for smoke runs) and, when ``workers`` is given,
-    ``--workers N`` with that default."""
+    ``--quick`` (one repeat, no warm-up, for smoke runs), when ``workers`` is given,
+    ``--workers N`` with that default, and with ``front``, ``--front {stoker,torch}`` (see
+    :func:`stoker_front`)."""
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     if workers is not None:
         parser.add_argument("--workers", type=int, default=workers, help="num_workers")
+    if front:
+        parser.add_argument(
+            "--front",
+            choices=("stoker", "torch"),
+            default="stoker",
+            help="build stoker's contenders from stoker or from stoker.torch",
+        )
     parser.add_argument("--repeats", type=int, default=repeats, help="timed runs per contender")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per contender")
     parser.add_argument("--quick", action="store_true", help="one repeat, no warm-up")
@@ -43,6 +53,25 @@ def cli(description: str, repeats: int = 5, workers: int | None = None) -> argpa
     if args.quick:
         args.repeats, args.warmup = 1, 0
     return args
+
+
+def stoker_front(front: str) -> Any:
+    """The module stoker's contenders are built from: ``stoker``, or for ``"torch"`` the
+    torch front door ``stoker.torch`` (same classes and arguments, torch-native defaults).
+
+    Raises:
+        SystemExit: ``stoker.torch`` is asked for but does not import here.
+    """
+    import importlib
+
+    name = "stoker.torch" if front == "torch" else "stoker"
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise SystemExit(
+            f"--front {front} needs {name}, which does not import here ({exc}); "
+            "use --front stoker, or a stoker that has its torch front door"
+        ) from exc
 
 
 def versions() -> dict[str, str]:
@@ -57,6 +86,7 @@ def versions() -> dict[str, str]:
         "simplejpeg",
         "grain",
         "torchdata",
+        "spdl",
     ):
         mod = sys.modules.get(name)
         if mod is not None:
@@ -184,8 +214,8 @@ def compare(
 
 def _print(record: dict[str, Any], rate: str | None) -> None:
     print(f"\n{record['workload']}  (median of {record['repeats']}, {record['cores']} cores)")
-    print(f"{'contender':<28} {'median s':>10} {rate or '':>18} {'ratio':>8}")
+    print(f"{'contender':<40} {'median s':>10} {rate or '':>18} {'ratio':>8}")
     for name, s in record["results"].items():
         value = f"{s[rate]:,.1f}" if rate else ""
         ratio = f"{s['ratio']:.2f}x" if "ratio" in s else ""
-        print(f"{name:<28} {s['median_seconds']:>10.4f} {value:>18} {ratio:>8}")
+        print(f"{name:<40} {s['median_seconds']:>10.4f} {value:>18} {ratio:>8}")

@@ -1,4 +1,5 @@
-"""Peer contenders for the benchmarks: grain and torchdata's StatefulDataLoader, if installed.
+"""Peer contenders for the benchmarks: grain, torchdata's StatefulDataLoader and SPDL, if
+installed.
 
 Each factory builds the peer's loader for the same workload as the benchmark's torch
 contender (same samples, batch size, shuffle and worker count) and hands it to ``wrap``, the
@@ -14,15 +15,22 @@ operation that stacks samples into NumPy arrays, with ``worker_count`` worker pr
 that grain starts anew on each iteration of the loader, like torch without persistent
 workers, reading records in the worker's own thread (``ReadOptions(num_threads=0)``: the
 records are in memory, and grain's default read threads only slow it down here).
-StatefulDataLoader takes the exact arguments torch's ``DataLoader`` takes.
+StatefulDataLoader takes the exact arguments torch's ``DataLoader`` takes. SPDL runs two
+ways: with workers, ``spdl.dataloader.get_pytorch_dataloader`` (process workers behind torch's
+``DataLoader`` arguments, in order as torch gives batches); in process, SPDL's own pipeline
+(``spdl.dataloader.DataLoader``) with one thread, one stage loading a whole batch, so that
+it does the work the in-process contenders do.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
+
+import numpy as np
 
 Run = Callable[[], dict[str, float]]
 Wrap = Callable[[Iterable[Any]], Run]
@@ -99,18 +107,24 @@ def grain_loader(
     )
 
 
+def grain_loader_run(
+    source: Any, *, batch_size: int, workers: int, wrap: Wrap, shuffle: bool = False
+) -> Run | None:
+    """:func:`grain_loader` of ``source`` as a run (seed 0 when shuffled); None without grain."""
+    loader = grain_loader(source, batch_size=batch_size, workers=workers, shuffle=shuffle)
+    return None if loader is None else wrap(loader)
+
+
 def grain_w2(source: Any, *, batch_size: int, workers: int, wrap: Wrap) -> Run | None:
     """W2 on grain: ``source`` (same 1 MiB array per record), in order, batched; or None."""
-    loader = grain_loader(source, batch_size=batch_size, workers=workers)
-    return None if loader is None else wrap(loader)
+    return grain_loader_run(source, batch_size=batch_size, workers=workers, wrap=wrap)
 
 
 def grain_w3(x: Any, y: Any, *, batch_size: int, workers: int, wrap: Wrap) -> Run | None:
     """W3 on grain: the ``(x[i], y[i])`` pairs, shuffled, batched; or None without grain."""
-    loader = grain_loader(
-        PairSource(x, y), batch_size=batch_size, workers=workers, shuffle=True, seed=0
+    return grain_loader_run(
+        PairSource(x, y), batch_size=batch_size, workers=workers, wrap=wrap, shuffle=True
     )
-    return None if loader is None else wrap(loader)
 
 
 def statefuldl(dataset: Any, *, wrap: Wrap, **kw: Any) -> Run | None:
@@ -127,11 +141,68 @@ def statefuldl(dataset: Any, *, wrap: Wrap, **kw: Any) -> Run | None:
     return wrap(module.StatefulDataLoader(dataset, **kw))
 
 
+def spdl(dataset: Any, *, wrap: Wrap, **kw: Any) -> Run | None:
+    """SPDL's process-backed ``get_pytorch_dataloader(dataset, **kw)`` as a run; None
+    without SPDL, or with ``num_workers=0`` (SPDL then starts one worker process anyway:
+    see :func:`spdl_in_process`)."""
+    if not available("spdl.dataloader") or not kw.get("num_workers"):
+        return None
+    module: Any = importlib.import_module("spdl.dataloader")
+    return wrap(module.get_pytorch_dataloader(dataset, in_order=True, **kw))
+
+
+def spdl_in_process(
+    dataset: Any,
+    *,
+    batch_size: int,
+    aggregate: Callable[[list[Any]], Any],
+    wrap: Wrap,
+    shuffle: bool = False,
+) -> Run | None:
+    """SPDL's own pipeline over ``dataset`` in this process, one thread, in order; None
+    without SPDL. Its source is the batches of indices (in one fixed random order with
+    ``shuffle``) and one stage loads a batch, ``aggregate([dataset[i] for i in batch])``:
+    work per batch, as SPDL advises (a stage per sample costs ~1 ms a sample here). A
+    fresh pipeline per epoch, as SPDL builds one on each ``iter()``."""
+    if not available("spdl.dataloader"):
+        return None
+    module: Any = importlib.import_module("spdl.dataloader")
+    n = len(dataset)
+    order = np.random.default_rng(0).permutation(n) if shuffle else np.arange(n)
+    batches = [order[i : i + batch_size].tolist() for i in range(0, n, batch_size)]
+
+    def load(batch: list[int]) -> Any:
+        return aggregate([dataset[i] for i in batch])
+
+    loader = module.DataLoader(batches, preprocessor=load, num_threads=1, output_order="input")
+    return wrap(loader)
+
+
+def pairs(samples: list[tuple[Any, Any]]) -> tuple[Any, Any]:
+    """An aggregator of ``(x, y)`` samples: the stacked x's and the y's as one array.
+
+    >>> [a.shape for a in pairs([(np.zeros(2), 1), (np.ones(2), 2)])]
+    [(2, 2), (2,)]
+    """
+    return np.stack([x for x, _ in samples]), np.asarray([y for _, y in samples])
+
+
 def add(contenders: dict[str, Run], peers: dict[str, Run | None]) -> dict[str, Run]:
-    """``contenders`` with the peers that are installed (not None) appended, in order.
+    """``contenders`` with the peers that are installed (not None) appended, in order;
+    where ``BENCH_PEERS`` is set (e.g. ``grain,spdl``, or ``none``), only the peers whose
+    names start with one of its words (grain is slow in process on W3: ~2 min an epoch).
 
     >>> run = lambda: {"samples": 1.0}
     >>> list(add({"torch": run}, {"grain": None, "torchdata": run}))
     ['torch', 'torchdata']
     """
-    return {**contenders, **{name: run for name, run in peers.items() if run is not None}}
+    wanted = os.environ.get("BENCH_PEERS")
+    words = tuple(w for w in (wanted or "").split(",") if w)
+    return {
+        **contenders,
+        **{
+            name: run
+            for name, run in peers.items()
+            if run is not None and (wanted is None or name.startswith(words))
+        },
+    }

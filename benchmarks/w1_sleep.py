@@ -4,7 +4,8 @@ mode with 16 workers). The limit is 5 s / workers of waiting plus one copy of th
 
 As in the seed's script, each contender is one loader iterated once per run (an epoch; the
 workers start afresh each epoch, ``persistent_workers`` is off), so per-loader state that a
-library keeps across epochs counts, as it does in training.
+library keeps across epochs counts, as it does in training. grain, torchdata's
+StatefulDataLoader and SPDL run it too where installed (``benchmarks/peers.py``).
 
     python benchmarks/w1_sleep.py [--workers N] [--repeats R] [--quick]
 """
@@ -20,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import harness
+import peers
 
 N, BATCH, FLOATS, WAIT_S = 1000, 100, 1 << 18, 0.005
 
@@ -67,6 +69,20 @@ def main() -> None:
         ),
     }
     contenders = {name: (lambda loader=loader: drain(loader)) for name, loader in loaders.items()}
+    contenders = peers.add(
+        contenders,
+        {
+            f"grain {w} workers": peers.grain_loader_run(
+                Sleepy(), batch_size=BATCH, workers=w, wrap=_epochs
+            ),
+            f"torchdata StatefulDataLoader {w} workers": peers.statefuldl(
+                Sleepy(tensor=True), wrap=_epochs, batch_size=BATCH, num_workers=w
+            ),
+            f"spdl {w} workers": peers.spdl(
+                Sleepy(tensor=True), wrap=_epochs, batch_size=BATCH, num_workers=w
+            ),
+        },
+    )
     record = harness.compare(
         f"w1_sleep_{w}w",
         contenders,
@@ -84,6 +100,11 @@ def main() -> None:
             f"{name}: {got:.3f} s vs the limit {limit:.3f} s ({N * WAIT_S / workers:.3f} s of "
             f"waiting + {copy_s:.3f} s for one copy): {got / limit:.2f}x"
         )
+
+
+def _epochs(loader: Any) -> Any:
+    """A run: one epoch of ``loader``."""
+    return lambda: drain(loader)
 
 
 def one_copy_seconds(repeats: int = 5) -> float:

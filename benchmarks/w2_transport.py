@@ -1,15 +1,19 @@
 """W2: transport throughput, torch's DataLoader vs stoker's: 1 MiB float32 samples that cost
 nothing to make, batch 100, 2 workers (and in-process for reference). GB/s moved to the
-training loop; the limit is one memcpy. grain and torchdata's StatefulDataLoader run the
-same workload when installed (``benchmarks/peers.py``), else they are left out.
+training loop; the limit is one memcpy. grain, torchdata's StatefulDataLoader and SPDL run
+the same workload, with workers and in process, when installed (``benchmarks/peers.py``),
+else they are left out.
 
 "2 workers" is one loader per contender iterated once per run, so every run (epoch) starts
 fresh workers, as a training loop over epochs does without ``persistent_workers`` (until
 2026-11-29 each run built a new loader; the per-loader state both libraries may keep across
 epochs, e.g. stoker's warm shared-memory segments, was then never exercised). The dataset
-returns one preallocated array: no per-sample allocation on either side.
+returns one preallocated array: no per-sample allocation on either side. In process, too,
+each contender is one loader iterated once per run (``stoker in-process, new loader`` makes a
+loader per run, for reference: per-loader memory is then made anew each run).
 
-Run: ``python benchmarks/w2_transport.py [--quick] [--workers 2]``
+Run: ``python benchmarks/w2_transport.py [--quick] [--workers 2] [--front {stoker,torch}]``
+(``--front torch`` builds stoker's contenders from ``stoker.torch``).
 """
 
 from __future__ import annotations
@@ -60,11 +64,10 @@ def drain(loader: Any) -> dict[str, float]:
 
 def main() -> None:
     """Run the comparison and print medians and ratios."""
-    args = harness.cli(__doc__ or "", repeats=5, workers=2)
+    args = harness.cli(__doc__ or "", repeats=5, workers=2, front=True)
     import torch.utils.data as tud
 
-    import stoker
-
+    stoker = harness.stoker_front(args.front)
     w = args.workers
     contenders = {
         f"torch {w} workers": _epochs(
@@ -74,8 +77,11 @@ def main() -> None:
             stoker.DataLoader(NumpySamples(), batch_size=BATCH, num_workers=w)
         ),
         f"stoker {w} workers, persistent": _persistent(stoker, w),
-        "stoker in-process": lambda: drain(stoker.DataLoader(NumpySamples(), batch_size=BATCH)),
-        "torch in-process": lambda: drain(tud.DataLoader(TorchSamples(), batch_size=BATCH)),
+        "stoker in-process": _epochs(stoker.DataLoader(NumpySamples(), batch_size=BATCH)),
+        "stoker in-process, new loader": lambda: drain(
+            stoker.DataLoader(NumpySamples(), batch_size=BATCH)
+        ),
+        "torch in-process": _epochs(tud.DataLoader(TorchSamples(), batch_size=BATCH)),
     }
     contenders = peers.add(
         contenders,
@@ -85,6 +91,18 @@ def main() -> None:
             ),
             f"torchdata StatefulDataLoader {w} workers": peers.statefuldl(
                 TorchSamples(), wrap=_epochs, batch_size=BATCH, num_workers=w
+            ),
+            f"spdl {w} workers": peers.spdl(
+                TorchSamples(), wrap=_epochs, batch_size=BATCH, num_workers=w
+            ),
+            "grain in-process": peers.grain_w2(
+                NumpySamples(), batch_size=BATCH, workers=0, wrap=_epochs
+            ),
+            "torchdata StatefulDataLoader in-process": peers.statefuldl(
+                TorchSamples(), wrap=_epochs, batch_size=BATCH
+            ),
+            "spdl in-process": peers.spdl_in_process(
+                NumpySamples(), batch_size=BATCH, aggregate=np.stack, wrap=_epochs
             ),
         },
     )

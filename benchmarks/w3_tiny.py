@@ -4,10 +4,14 @@ Runs torch.utils.data.DataLoader and stoker's DataLoader side by side, alternati
 prints the median samples/s and ratios: stoker on NumPy arrays and on torch tensors; with
 workers, both also with persistent workers, and stoker also with the same rows in a
 dataset class of the user's (which keeps its workers) and in process, for comparison.
-grain and torchdata's StatefulDataLoader run the same workload when installed
-(``benchmarks/peers.py``), else they are left out.
+grain, torchdata's StatefulDataLoader and SPDL (its process workers, or in process its own
+pipeline with one thread) run the same workload when installed (``benchmarks/peers.py``),
+else they are left out.
 
     python benchmarks/w3_tiny.py [--workers N] [--repeats R] [--warmup W] [--stoker-only]
+        [--front {stoker,torch}]
+
+``--front torch`` builds stoker's contenders from ``stoker.torch``, the torch front door.
 
 With workers, a loader of stoker's rows moves in process after its first epoch (after its
 second with persistent workers, which are not judged by the epoch that started them) and
@@ -50,30 +54,33 @@ def epoch(loader: Any) -> Callable[[], dict[str, float]]:
     return run
 
 
-def stoker_contenders(x: Any, y: Any, tx: Any, ty: Any, kw: dict[str, Any]) -> dict[str, Any]:
+def stoker_contenders(
+    x: Any, y: Any, tx: Any, ty: Any, kw: dict[str, Any], st: Any = stoker
+) -> dict[str, Any]:
     """stoker's contenders for ``kw`` (with workers: persistent, auto, a dataset class of
-    the user's, and in process for comparison)."""
+    the user's, and in process for comparison), built from the front ``st`` (``stoker``
+    or ``stoker.torch``)."""
     out = {
-        "stoker (numpy)": epoch(stoker.DataLoader(stoker.TensorDataset(x, y), **kw)),
-        "stoker (torch tensors)": epoch(stoker.DataLoader(stoker.TensorDataset(tx, ty), **kw)),
+        "stoker (numpy)": epoch(st.DataLoader(st.TensorDataset(x, y), **kw)),
+        "stoker (torch tensors)": epoch(st.DataLoader(st.TensorDataset(tx, ty), **kw)),
     }
     if not kw["num_workers"]:
         return out
     out["stoker (numpy) persistent"] = epoch(
-        stoker.DataLoader(stoker.TensorDataset(x, y), **kw, persistent_workers=True)
+        st.DataLoader(st.TensorDataset(x, y), **kw, persistent_workers=True)
     )
     out["stoker (numpy) num_workers=auto"] = epoch(
-        stoker.DataLoader(stoker.TensorDataset(x, y), **{**kw, "num_workers": "auto"})
+        st.DataLoader(st.TensorDataset(x, y), **{**kw, "num_workers": "auto"})
     )
     # The rows above move in process once an epoch shows the workers slower (none of the
     # user's code runs in them); a dataset class of the user's keeps its workers.
     for name, more in (("", {}), (" persistent", {"persistent_workers": True})):
         out[f"stoker (numpy) workers kept{name}"] = epoch(
-            stoker.DataLoader(UserRows(x, y), **kw, **more)
+            st.DataLoader(UserRows(x, y), **kw, **more)
         )
     in_process = {**kw, "num_workers": 0}
-    out["stoker in process"] = epoch(stoker.DataLoader(stoker.TensorDataset(x, y), **in_process))
-    out["stoker in process, user's class"] = epoch(stoker.DataLoader(UserRows(x, y), **in_process))
+    out["stoker in process"] = epoch(st.DataLoader(st.TensorDataset(x, y), **in_process))
+    out["stoker in process, user's class"] = epoch(st.DataLoader(UserRows(x, y), **in_process))
     return out
 
 
@@ -84,7 +91,7 @@ def main() -> None:
     extra.add_argument("--stoker-only", action="store_true")
     ours, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
-    args = harness.cli(__doc__ or "", repeats=7, workers=0)
+    args = harness.cli(__doc__ or "", repeats=7, workers=0, front=True)
     import torch
 
     x = np.random.default_rng(0).standard_normal((N, FEATURES), dtype=np.float32)
@@ -92,7 +99,7 @@ def main() -> None:
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
     kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": args.workers}
     config = {"samples": N, "features": FEATURES, "batch_size": BATCH, **kw}
-    ours_only = stoker_contenders(x, y, tx, ty, kw)
+    ours_only = stoker_contenders(x, y, tx, ty, kw, harness.stoker_front(args.front))
     if ours.stoker_only and args.workers:
         base = "stoker in process"
         harness.compare(
@@ -115,6 +122,14 @@ def main() -> None:
         {
             "grain": peers.grain_w3(x, y, batch_size=BATCH, workers=args.workers, wrap=epoch),
             "torchdata StatefulDataLoader": peers.statefuldl(tds, wrap=epoch, **kw),
+            "spdl": peers.spdl(tds, wrap=epoch, **kw)
+            or peers.spdl_in_process(
+                stoker.TensorDataset(x, y),
+                batch_size=BATCH,
+                aggregate=peers.pairs,
+                wrap=epoch,
+                shuffle=True,
+            ),
         },
     )
     harness.compare(

@@ -11,7 +11,9 @@ compress like photos) are written once under ``--data`` (default: a temp folder)
 timed run is one epoch over the folder, shuffled; stoker returns torch tensors
 (``tensor_type="torch"``) so both sides hand the training loop the same thing. With
 workers, both also run with persistent workers (no process start-up per epoch). CPU per
-image counts the workers too.
+image counts the workers too. grain, torchdata's StatefulDataLoader and SPDL run torchvision's
+dataset and transforms (they have no image pipeline of their own) where installed
+(``benchmarks/peers.py``); ``--front torch`` builds stoker's contenders from ``stoker.torch``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import harness
+import peers
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -92,22 +95,53 @@ def _epoch(loader: Any) -> dict[str, float]:
 def torch_contender(root: Path, workers: int, persistent: bool = False) -> harness.Run:
     """torchvision ImageFolder + transforms + torch DataLoader, one epoch per call."""
     import torch.utils.data
-    from torchvision import datasets
-    from torchvision import transforms as T
 
-    tf = T.Compose(
-        [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
-    )
-    ds = datasets.ImageFolder(str(root), transform=tf)
+    ds = torchvision_folder(root)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=BATCH, shuffle=True, num_workers=workers, persistent_workers=persistent
     )
     return lambda: _epoch(loader)
 
 
-def stoker_contender(root: Path, workers: int, persistent: bool = False) -> harness.Run:
-    """stoker.vision ImageFolder + transforms (fused fast path) + stoker DataLoader."""
-    import stoker
+def torchvision_folder(root: Path) -> Any:
+    """torchvision's ImageFolder of ``root`` with W4's transforms."""
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    tf = T.Compose(
+        [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+    )
+    return datasets.ImageFolder(str(root), transform=tf)
+
+
+def peer_contenders(root: Path, workers: int) -> dict[str, harness.Run | None]:
+    """grain, StatefulDataLoader and SPDL over torchvision's folder and transforms, one
+    shuffled epoch per call; None for a peer that is not installed."""
+
+    def wrap(loader: Any) -> harness.Run:
+        return lambda: _epoch(loader)
+
+    ds = torchvision_folder(root)
+    kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": workers}
+    return {
+        "grain": peers.grain_loader_run(
+            ds, batch_size=BATCH, workers=workers, wrap=wrap, shuffle=True
+        ),
+        "torchdata StatefulDataLoader": peers.statefuldl(ds, wrap=wrap, **kw),
+        "spdl": peers.spdl(ds, wrap=wrap, **kw)
+        or peers.spdl_in_process(
+            ds, batch_size=BATCH, aggregate=peers.pairs, wrap=wrap, shuffle=True
+        ),
+    }
+
+
+def stoker_contender(
+    root: Path, workers: int, persistent: bool = False, stoker: Any = None
+) -> harness.Run:
+    """stoker.vision ImageFolder + transforms (fused fast path) + the DataLoader of
+    ``stoker`` (the front module: ``stoker`` by default, or ``stoker.torch``)."""
+    if stoker is None:
+        import stoker
     from stoker.vision import ImageFolder
     from stoker.vision import transforms as T
 
@@ -136,12 +170,13 @@ def main() -> None:
     extra.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "stoker_w4"))
     ours, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
-    args = harness.cli(__doc__.splitlines()[0], repeats=5)
+    args = harness.cli(__doc__.splitlines()[0], repeats=5, front=True)
+    front = harness.stoker_front(args.front)
     root = make_folder(Path(ours.data) / f"img{ours.images}", ours.images)
     for workers in ours.workers:
         contenders = {"torch": torch_contender(root, workers)}
         try:
-            stoker_run = stoker_contender(root, workers)
+            stoker_run = stoker_contender(root, workers, stoker=front)
             stoker_run()  # fails here, before timing, when the mode is missing
             contenders["stoker"] = stoker_run
         except NotImplementedError as exc:
@@ -149,7 +184,10 @@ def main() -> None:
             continue
         if workers:  # workers kept from one epoch to the next: no start-up per run
             contenders["torch persistent"] = torch_contender(root, workers, persistent=True)
-            contenders["stoker persistent"] = stoker_contender(root, workers, persistent=True)
+            contenders["stoker persistent"] = stoker_contender(
+                root, workers, persistent=True, stoker=front
+            )
+        contenders = peers.add(contenders, peer_contenders(root, workers))
         record = harness.compare(
             f"w4_images_{workers}w",
             contenders,

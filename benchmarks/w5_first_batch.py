@@ -1,5 +1,7 @@
 """W5, time to first batch: a cold iterator with 2 workers, until the first batch arrives;
-and the second epoch's first batch with persistent workers. torch vs stoker.
+and the second epoch's first batch with persistent workers. torch vs stoker, and grain,
+torchdata's StatefulDataLoader and SPDL where installed (``benchmarks/peers.py``; only
+StatefulDataLoader keeps workers across epochs, so only it has the second-epoch row).
 
     python benchmarks/w5_first_batch.py [--workers N] [--repeats R] [--quick]
 """
@@ -14,6 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import harness
+import peers
 
 N, FEATURES, BATCH = 10_000, 8, 64
 
@@ -64,14 +67,37 @@ def main() -> None:
     def stoker_loader(**kw: Any) -> Any:
         return stoker.DataLoader(stoker.TensorDataset(x, y), batch_size=BATCH, num_workers=w, **kw)
 
+    contenders = {
+        f"torch {w} workers": first_batch(torch_loader),
+        f"stoker {w} workers": first_batch(stoker_loader),
+        f"torch {w} persistent, epoch 2": second_epoch(torch_loader),
+        f"stoker {w} persistent, epoch 2": second_epoch(stoker_loader),
+    }
+    if peers.available("grain"):
+        source = peers.PairSource(x, y)
+        contenders[f"grain {w} workers"] = first_batch(
+            lambda: peers.grain_loader(source, batch_size=BATCH, workers=w)
+        )
+    if peers.available("torchdata.stateful_dataloader"):
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        def stateful(**kw: Any) -> Any:
+            ds = tud.TensorDataset(tx, ty)
+            return StatefulDataLoader(ds, batch_size=BATCH, num_workers=w, **kw)
+
+        contenders[f"torchdata StatefulDataLoader {w} workers"] = first_batch(stateful)
+        contenders[f"torchdata StatefulDataLoader {w} persistent, epoch 2"] = second_epoch(stateful)
+    if peers.available("spdl.dataloader") and w:
+        from spdl.dataloader import get_pytorch_dataloader
+
+        contenders[f"spdl {w} workers"] = first_batch(
+            lambda: get_pytorch_dataloader(
+                tud.TensorDataset(tx, ty), batch_size=BATCH, num_workers=w, in_order=True
+            )
+        )
     harness.compare(
         f"w5_first_batch_{w}w",
-        {
-            f"torch {w} workers": first_batch(torch_loader),
-            f"stoker {w} workers": first_batch(stoker_loader),
-            f"torch {w} persistent, epoch 2": second_epoch(torch_loader),
-            f"stoker {w} persistent, epoch 2": second_epoch(stoker_loader),
-        },
+        contenders,
         repeats=args.repeats,
         baseline=f"torch {w} workers",
         config={"samples": N, "batch": BATCH, "workers": w},

@@ -17,14 +17,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--samples", type=int, default=200_000, help="samples in the dataset")
     demo.add_argument("--batch-size", type=int, default=256)
     demo.add_argument("--epochs", type=int, default=3)
-    from stoker import _bench
+    from stoker import _bench, _doctor
     from stoker.formats import _cli as formats_cli
 
     _bench.add_subcommand(sub)
+    _doctor.add_subcommand(sub)
     formats_cli.add_subcommands(sub)
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench.run(args)
+    if args.command == "doctor":
+        return _doctor.run(args)
     if args.command in formats_cli.COMMANDS:
         return formats_cli.run(args)
     if args.command == "demo":

@@ -49,6 +49,12 @@ def run_demo(samples: int, batch_size: int, epochs: int) -> int:
             _images(root)
             _checkpoint(root)
     _tensors(samples, batch_size, epochs)
+    from stoker._doctor import fast_paths_off
+
+    if fast_paths_off():
+        print(
+            "\nSome fast paths are off here: `stoker doctor` says which, and how to turn them on."
+        )
     return 0
 
 

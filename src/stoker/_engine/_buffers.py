@@ -8,7 +8,9 @@ collate writes each large leaf into a buffer of the pool, handed out through a o
 exporter object; when the last view of that leaf dies, the exporter's finalizer puts the
 buffer back. A pool belongs to a loader and lives as long as it, so each epoch's new
 threads start with the memory the last epoch used. Worker processes' split batches are
-joined into a loader's pool too (:mod:`stoker._engine._tail`).
+joined into a loader's pool too (:mod:`stoker._engine._tail`). In-process loading
+(:mod:`stoker._engine._single`) keeps a pool of private memory of its own: nothing is forked
+while it loads, and fresh private pages come in huge pages where shared ones do not.
 """
 
 from __future__ import annotations
@@ -25,15 +27,19 @@ import numpy as np
 MIN_BYTES = 1 << 20
 """Smaller leaves are allocated as usual: they cost less to make than to track."""
 
-_POOLS: weakref.WeakKeyDictionary[Any, BufferPool] = weakref.WeakKeyDictionary()
+_POOLS: dict[bool, weakref.WeakKeyDictionary[Any, BufferPool]] = {
+    True: weakref.WeakKeyDictionary(),
+    False: weakref.WeakKeyDictionary(),
+}
 
 
-def for_loader(loader: Any, keep: int) -> BufferPool:
+def for_loader(loader: Any, keep: int, shared: bool = True) -> BufferPool:
     """The loader's pool (made on first use, dropped with the loader), keeping at least
-    ``keep`` free buffers."""
-    pool = _POOLS.get(loader)
+    ``keep`` free buffers; ``shared=False`` gives its pool of private memory."""
+    pools = _POOLS[shared]
+    pool = pools.get(loader)
     if pool is None:
-        pool = _POOLS[loader] = BufferPool(keep)
+        pool = pools[loader] = BufferPool(keep, shared)
     pool.keep = max(pool.keep, keep)
     return pool
 
@@ -43,10 +49,13 @@ class BufferPool:
 
     Args:
         keep: how many free buffers to keep at most (the loader's prefetch window).
+        shared: make new buffers in shared memory (for loaders whose workers fork while
+            the pool holds them), else in private memory.
     """
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, shared: bool = True) -> None:
         self.keep = keep
+        self.shared = shared
         self._free: list[np.ndarray[Any, Any]] = []
         self._lock = threading.Lock()
         self._warming: threading.Thread | None = None
@@ -101,6 +110,8 @@ class BufferPool:
                 best = min(fits, key=lambda b: b.nbytes)
                 self._free.remove(best)
                 return best
+        if not self.shared:  # NumPy asks for huge pages for large arrays: fewer faults
+            return np.empty(nbytes, np.uint8)
         # Shared, not private, memory: a worker forked while the pool holds it inherits the
         # mapping without copying its page table, and the next write here is a plain write,
         # not a copy-on-write fault per page (about 0.7 ms per MiB here).

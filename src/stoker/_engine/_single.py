@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from stoker._engine._buffers import for_loader
 from stoker._engine._pin import pin
 from stoker._random import call_seeded, mix_seed
 from stoker._stats import StatsRecorder
@@ -12,6 +13,10 @@ from stoker._stats import StatsRecorder
 if TYPE_CHECKING:
     from stoker._autotune import Autotuner
     from stoker._loader import DataLoader
+
+_BUFFERS = 2
+"""Free buffers the loader's pool keeps for in-process loading: a loop holds one batch while
+the next is made, so the one it dropped before is free again, with one to spare."""
 
 
 class SingleProcessIterator:
@@ -24,6 +29,11 @@ class SingleProcessIterator:
     training loop's randomness still follows the seeds its user set. A dataset that surely
     draws nothing (see :func:`~stoker._dataset.draws_nothing`) is fetched unseeded. With
     ``skip_errors``, a batch whose samples all failed is dropped (the next one is fetched).
+
+    Large leaves are collated into the loader's reusable buffers (:mod:`~stoker._engine.
+    _buffers`): a buffer returns only when the last view of the batch that used it is gone,
+    so a batch the user still holds is never overwritten, and the next batches write into
+    memory that is already mapped instead of faulting in fresh pages.
     """
 
     def __init__(self, loader: DataLoader[Any], tuner: Autotuner | None = None) -> None:
@@ -34,6 +44,7 @@ class SingleProcessIterator:
         fetcher = loader._make_fetcher()
         self._fetch = fetcher.fetch_skipping
         self._seeded = fetcher.draws
+        self._alloc = for_loader(loader, _BUFFERS, shared=False).alloc
         self._pin_device = loader._resolved_pin_device()
         # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning
         self._step = getattr(loader.dataset, "main_process_step", None)
@@ -55,9 +66,9 @@ class SingleProcessIterator:
                 k, task = next(epoch.tasks)
                 if self._seeded:
                     seed = mix_seed(epoch.seed, epoch.number, k)
-                    data, skipped = call_seeded(seed, self._fetch, task)
+                    data, skipped = call_seeded(seed, self._fetch, task, self._alloc)
                 else:
-                    data, skipped = self._fetch(task)
+                    data, skipped = self._fetch(task, self._alloc)
             except StopIteration:
                 self._stats.ended(entered)
                 epoch.finish()
