@@ -481,7 +481,7 @@ def test_a_batch_that_cannot_cross_raises_each_time(group: int) -> None:
     for _ in range(9):
         with pytest.raises(TypeError, match="pickle") as info:
             next(it)
-        assert "Raised in DataLoader worker process 0" in "".join(info.value.__notes__)
+        assert "Raised in DataLoader worker 0" in "".join(info.value.__notes__)
     with pytest.raises(StopIteration):
         next(it)
 

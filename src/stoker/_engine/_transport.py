@@ -35,6 +35,7 @@ import contextlib
 import io
 import os
 import pickle
+import re
 import select
 import struct
 import threading
@@ -570,8 +571,9 @@ class RemoteError:
             )
             err.__cause__ = _RemoteTraceback(self.tb)
             return err
-        if self.where.startswith("worker"):
-            _restate(exc, f"Caught {type(exc).__name__} in DataLoader {self.where}")
+        if self.where.startswith("worker "):  # a process's "worker 1 (pid 42) ...", a thread's
+            who = re.sub(r"^worker (?=\d)", "worker process ", self.where)  # torch's words
+            _restate(exc, f"Caught {type(exc).__name__} in DataLoader {who}")
         exc.add_note(note)
         return exc
 

@@ -228,7 +228,7 @@ class WorkerArgs:
 
 
 def _where(args: WorkerArgs, task: Any) -> str:
-    text = f"worker process {args.worker_id} (pid {os.getpid()})"
+    text = f"worker {args.worker_id} (pid {os.getpid()})"
     if task is None:
         return text
     if isinstance(task, np.ndarray):
@@ -316,7 +316,7 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
             _start(args, whole_process=True)
         except Exception as exc:
             conn.send(
-                ("err", -1, -1, RemoteError(exc, f"worker process {args.worker_id} start-up"))
+                ("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up"))
             )
             return
         conn.send(("ready", -1, -2))
