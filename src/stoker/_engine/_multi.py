@@ -98,8 +98,8 @@ class MultiWorkerIterator:
     def __init__(self, loader: DataLoader[Any]) -> None:
         self._created = time.perf_counter()  # the first epoch pays the workers' start
         self._loader = loader
-        if isinstance(loader.num_workers, int):  # "auto" starts what the CPUs allow
-            workers_warning(loader.num_workers, loader.worker_mode)
+        if loader.num_workers != "auto":  # which starts what the CPUs allow
+            workers_warning(int(loader.num_workers), loader.worker_mode)
         # Autotune (num_workers / prefetch_factor "auto"): the pool is built for the
         # tuner's capacity, and only the first _num_workers workers get tasks.
         self._tuner = loader._autotuner()

@@ -315,9 +315,7 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         try:
             _start(args, whole_process=True)
         except Exception as exc:
-            conn.send(
-                ("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up"))
-            )
+            conn.send(("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up")))
             return
         conn.send(("ready", -1, -2))
         outbox = Outbox(conn)
