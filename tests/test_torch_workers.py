@@ -76,7 +76,10 @@ _BARRIERS = {
 }
 
 
-@pytest.mark.parametrize("mode", ["fork", "spawn", "thread"])
+_SLOW = pytest.mark.slow  # spawned workers import numpy, stoker and torch: seconds each
+
+
+@pytest.mark.parametrize("mode", ["fork", pytest.param("spawn", marks=_SLOW), "thread"])
 def test_every_worker_gets_its_first_batch_at_once(mode: str) -> None:
     """With 6 workers (on any core count), samples that meet across all 6 workers load, as
     with torch: every worker starts at once and gets a batch of the first round."""
@@ -323,7 +326,9 @@ def _unbound(batches: list[Any]) -> list[Any]:
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize(
+    "method", ["fork", pytest.param("spawn", marks=_SLOW), pytest.param("forkserver", marks=_SLOW)]
+)
 def test_nested_tensors_cross_from_workers(method: str) -> None:
     """Nested tensors returned by samples come back from workers as torch's do."""
     kw = {"batch_size": None, "num_workers": 2, "multiprocessing_context": method}
