@@ -27,7 +27,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 4 wo
 
 
 class Waits:
-    """Samples that take ``WAIT_S`` each; the second field is the pid that loaded it."""
+    """Samples that take ``WAIT_S`` each; the second field is the pid that loaded it.
+    Worker agnostic (it promises its samples do not depend on the worker): stoker may
+    split its batches (a dataset of the user's gets torch's assignment, whole batches)."""
+
+    _stoker_worker_agnostic = True
 
     def __init__(
         self, n: int = 5 * BATCH, draw: bool = False, bad: int = -1, floats: int = 3

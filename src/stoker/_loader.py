@@ -274,10 +274,6 @@ class DataLoader(Generic[T_co]):
         self._rng_untouched: bool | None = None  # whether slow batches leave the RNGs alone
         self._mergeable: bool | None = None  # whether split batches can be joined
         self._batch_profile = (0.0, 0.0)  # the last epoch's mean load seconds and bytes
-        if isinstance(num_workers, (int, np.integer)) and num_workers > 0:
-            from stoker._engine._multi import workers_warning
-
-            workers_warning(num_workers, worker_mode)
         self.__initialized = True
 
     # -- attributes with rules ---------------------------------------------------------

@@ -89,7 +89,10 @@ def measure(batch: Any, batched: bool) -> tuple[int, int]:
         if isinstance(size, int):
             nbytes += size
             if first < 0:
-                shape: Any = getattr(obj, "shape", ())
+                try:
+                    shape: Any = getattr(obj, "shape", ())
+                except RuntimeError:  # a nested tensor has no one shape
+                    shape = ()
                 first = int(shape[0]) if len(shape) else 1
         elif isinstance(obj, (tuple, list)):
             stack.extend(reversed(obj))

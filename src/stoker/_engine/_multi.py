@@ -1,16 +1,28 @@
 """The worker-backed iterator: dispatch, prefetch window, ordering, timeouts and shutdown.
 
-:class:`MultiWorkerIterator` runs in the thread that iterates the loader. It keeps at most
-``prefetch_factor`` tasks in flight per worker, and ``prefetch_factor * num_workers`` tasks
-sent but not yet delivered in all (so a fast worker cannot run ahead of a slow one without
-bound while ``in_order`` waits for it; the tasks for one worker go out in one message;
-results that arrived together are handled before refilling; tiny, fast batches count as a
-fraction of a slot, see :func:`~stoker._engine._transport.group_size`, and go to process
-workers in groups: one task, one slot and one message for several batches; the last
-batches of an epoch may be split across workers, see :mod:`stoker._engine._tail`), numbers
-them, and delivers the batches in task order (``in_order=True``) or as they come
-(``in_order=False``). Every batch of epoch ``e`` with index ``k`` is computed under a seed
-mixed from (base seed, e, k), so which worker runs it does not matter. The pool it drives
+:class:`MultiWorkerIterator` runs in the thread that iterates the loader. It keeps
+``prefetch_factor * num_workers`` tasks sent but not yet delivered (so a fast worker cannot
+run ahead of a slow one without bound while ``in_order`` waits for it; the tasks for one
+worker go out in one message; results that arrived together are handled before
+refilling), numbers them, and delivers the batches in task order (``in_order=True``) or as
+they come (``in_order=False``).
+
+Where the user's code runs in the workers (a dataset or collate function of theirs, a
+``worker_init_fn``, any iterable dataset), batches are assigned as torch assigns them, since
+``get_worker_info()`` and ``in_order=False`` make the assignment visible: every worker
+starts at once, tasks go round robin (the next worker in the cycle that still has data;
+with ``in_order=False``, that also has fewer than its share of the window), one per batch
+delivered. Where only stoker's code runs (see :func:`assigns_freely`), stoker assigns them
+its own faster way: fork workers after the first start lazily, a task goes to the worker
+with the fewest in flight, tiny, fast batches count as a fraction of a slot (see
+:func:`~stoker._engine._transport.group_size`) and go to process workers in groups (one
+task, one slot and one message for several batches), and the last batches of an epoch may
+be split across workers (see :mod:`stoker._engine._tail`).
+
+Every batch of a map-style dataset's epoch ``e`` with index ``k`` is computed under a seed
+mixed from (base seed, e, k), so which worker runs it does not matter (an iterable
+dataset's workers are seeded once per epoch, see
+:func:`~stoker._engine._worker.worker_seed`). The pool it drives
 (:mod:`stoker._engine._pool`) is shut down by a ``weakref.finalize``: at the end of an
 epoch (unless ``persistent_workers``), on garbage collection, on interpreter exit, and
 before any fatal error is raised.
@@ -30,11 +42,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stoker._collate import DefaultCollate
+from stoker._dataset import draws_nothing
 from stoker._engine._buffers import for_loader
 from stoker._engine._pin import pin, slot_pins
 from stoker._engine._pool import ProcessPool, ThreadPool
 from stoker._engine._tail import concat, mergeable, plan, worth_splitting
 from stoker._engine._transport import RemoteError, group_size
+from stoker._engine._worker import worker_seed
 from stoker._random import mix_seed
 from stoker._stats import StatsRecorder
 from stoker.errors import CollateError, WorkerError
@@ -60,7 +74,8 @@ _JOIN_BUFFERS = 2
 
 
 class _Skip:
-    """Marks a task index whose worker had no more data (iterable datasets)."""
+    """Marks a task index with nothing to deliver: its worker had no more data (iterable
+    datasets), or it is a part of a split batch delivered at its first part's place."""
 
 
 _SKIP = _Skip()
@@ -83,6 +98,8 @@ class MultiWorkerIterator:
     def __init__(self, loader: DataLoader[Any]) -> None:
         self._created = time.perf_counter()  # the first epoch pays the workers' start
         self._loader = loader
+        if loader.num_workers != "auto":  # which starts what the CPUs allow
+            workers_warning(int(loader.num_workers), loader.worker_mode)
         # Autotune (num_workers / prefetch_factor "auto"): the pool is built for the
         # tuner's capacity, and only the first _num_workers workers get tasks.
         self._tuner = loader._autotuner()
@@ -92,8 +109,10 @@ class MultiWorkerIterator:
         else:
             self._num_workers = int(loader.num_workers)
             self._prefetch = max(1, int(loader.prefetch_factor or 2))
+        # torch's assignment where the user's code could see it, else stoker's own.
+        self._free = assigns_freely(loader)
         # Batches per prefetch slot; 0 until _GROUP_AFTER are measured (in an earlier epoch).
-        self._group = loader._task_group
+        self._group = loader._task_group if self._free else 1
         # Process workers get a group's batches as one task, answered in one slot.
         self._group_tasks = loader.worker_mode == "process" and not loader._iterable
         self._in_order = bool(loader.in_order)
@@ -103,7 +122,8 @@ class MultiWorkerIterator:
         # The tail of an epoch may be split across processes (see stoker._engine._tail);
         # not batches shaped for a dataset's step (their columns need not join).
         self._can_split = (
-            loader.worker_mode == "process"
+            self._free
+            and loader.worker_mode == "process"
             and not self._iterable
             and loader._auto_collation
             and isinstance(loader.collate_fn, DefaultCollate)
@@ -115,13 +135,17 @@ class MultiWorkerIterator:
         self._persistent = bool(loader.persistent_workers)
         self._timeout = float(loader.timeout)
         pin_device = loader._resolved_pin_device()
-        base = loader._seed()  # workers start seeded from base + id, as in torch
+        # Workers start seeded from base + id, as in torch (an iterable dataset's base is
+        # the epoch's: see worker_seed).
+        resume = loader._resume
+        epoch = resume["epoch"] if resume is not None else loader._next_epoch
+        seeds = self._worker_seeds(epoch, capacity)
         pool: ProcessPool | ThreadPool
         if loader.worker_mode == "thread":
-            pool = ThreadPool(loader, base, self._prefetch, pin_device)
+            pool = ThreadPool(loader, seeds, self._prefetch, pin_device)
             self._pin_device = None  # threads pin their own batches
         else:
-            pool = ProcessPool(loader, base, self._prefetch)
+            pool = ProcessPool(loader, seeds, self._prefetch)
             self._pin_device = pin_device
             pins = slot_pins(pin_device)  # one copy: the slots themselves are pinned
             for w in pool.workers:
@@ -132,8 +156,9 @@ class MultiWorkerIterator:
         self._generation = 0
         pool.limit_start(self._num_workers)
         # Lazy start pays off when the first batch comes sooner than the other forks would
-        # take; a loader whose last epoch waited longer for it starts every worker at once.
-        lazy = pool.lazy_start and loader._first_batch_s < _EAGER_AFTER_S
+        # take; a loader whose last epoch waited longer for it starts every worker at once,
+        # as does one whose workers run the user's code (they may wait for each other).
+        lazy = self._free and pool.lazy_start and loader._first_batch_s < _EAGER_AFTER_S
         self._lazy = lazy
         pool.start(1)  # first: it starts up while the sampler draws
         self._reset()  # queues the first tasks: a worker not started gets them as it starts
@@ -160,14 +185,18 @@ class MultiWorkerIterator:
         self._seed = self._epoch_state.seed
         self._epoch = self._epoch_state.number
         self._tasks = self._epoch_state.tasks
+        # An iterable dataset's workers are seeded per epoch; each task carries its seed.
+        self._epoch_seeds = self._worker_seeds(self._epoch, len(self._started))
         self._k_of: dict[int, int] = {}  # send index -> batch index in the epoch
         self._probe: Any = None  # the epoch's first task (see _load_in_process)
         self._tasks_done = False
         self._send_idx = 0
         self._rcv_idx = 0
         self._popped = 0  # results taken from _ready (delivered, skipped or raised)
-        self._outstanding = [0] * self._num_workers
-        self._task_worker: dict[int, int] = {}
+        self._outstanding = [0] * self._num_workers  # sent, not yet answered
+        self._undelivered = [0] * self._num_workers  # sent, not yet delivered (or ended)
+        self._task_worker: dict[int, int] = {}  # send index -> worker, until answered
+        self._owner: dict[int, int] = {}  # send index -> worker, until delivered
         self._ready: dict[int, Any] = {}
         self._splits: dict[int, tuple[int, list[Any]]] = {}  # k -> (first send index, parts)
         self._share: dict[int, float] = {}  # send index of a part -> its share of the batch
@@ -186,6 +215,11 @@ class MultiWorkerIterator:
             self._tuner.begin(self._stats)
         loader._stats = self._stats
         self._refill()
+
+    def _worker_seeds(self, epoch: int, count: int) -> list[int]:
+        """Each worker's seed in ``epoch`` (see :func:`~stoker._engine._worker.worker_seed`)."""
+        base = self._loader._seed()
+        return [worker_seed(base, epoch, wid, self._iterable) for wid in range(count)]
 
     def _judged_by_this_epoch(self) -> bool:
         """Whether the tuner may judge workers by this epoch: persistent workers start
@@ -215,16 +249,22 @@ class MultiWorkerIterator:
     # -- dispatch ----------------------------------------------------------------------
 
     def _choose(self, depth: int) -> int | None:
-        """The worker for the next task (with fewer than ``depth`` in flight), or None."""
+        """The worker for the next task, or None to send nothing now.
+
+        torch's choice where the user's code runs (see the module docstring): the next
+        worker in the cycle that still has data, and with ``in_order=False`` fewer than its
+        share of the window undelivered. Else the started worker with the fewest tasks in
+        flight, if it has fewer than ``depth``.
+        """
         n = self._num_workers
-        if self._iterable:
-            # Round robin over the workers with data left, as torch: batch k comes from
-            # the same worker in every run.
+        if not self._free:
+            active = sum(self._active)
+            share = (depth * n) // max(1, active)
             for _ in range(n):
                 wid = self._next_worker
-                if self._active[wid]:
-                    return wid if self._outstanding[wid] < depth else None
                 self._next_worker = (wid + 1) % n
+                if self._active[wid] and (self._in_order or self._undelivered[wid] < share):
+                    return wid
             return None
         ready: Sequence[int] = range(n)
         if self._lazy and self._pool.pending_start:  # to started workers: others take a while
@@ -266,8 +306,9 @@ class MultiWorkerIterator:
                 break
             if self._probe is None:
                 self._probe = task
-            if self._iterable:
-                self._next_worker = (wid + 1) % self._num_workers
+            if self._iterable:  # the worker's seed for the epoch: it seeds itself once
+                self._queue(sends, wid, [k], task, self._epoch_seeds[wid])
+                continue
             if self._group > 1 and self._group_tasks and self._yielded:  # first one alone
                 self._queue_group(sends, wid, k, task, depth, window)
                 continue
@@ -296,6 +337,8 @@ class MultiWorkerIterator:
         for j, k in enumerate(ks, idx):
             self._k_of[j] = k
             self._task_worker[j] = wid
+            self._owner[j] = wid
+        self._undelivered[wid] += len(ks)
         tasks = sends.get(wid)
         if tasks is None:
             tasks = sends[wid] = []
@@ -404,17 +447,23 @@ class MultiWorkerIterator:
         if self._in_order:
             while ready.get(self._rcv_idx) is _SKIP:
                 del ready[self._rcv_idx]
+                self._release(self._rcv_idx)
                 self._rcv_idx += 1
-                self._popped += 1
             if self._rcv_idx in ready:
                 self._rcv_idx += 1
-                self._popped += 1
+                self._release(self._rcv_idx - 1)
                 return ready.pop(self._rcv_idx - 1)
             return None
         if ready:
-            self._popped += 1
-            return ready.pop(next(iter(ready)))
+            idx = next(iter(ready))
+            self._release(idx)
+            return ready.pop(idx)
         return None
+
+    def _release(self, idx: int) -> None:
+        """Task ``idx`` leaves the window: delivered, skipped or raised."""
+        self._popped += 1
+        self._undelivered[self._owner.pop(idx)] -= 1
 
     def _deliver(self, item: Any, entered: float) -> Any:
         if isinstance(item, _Failure):
@@ -494,7 +543,7 @@ class MultiWorkerIterator:
             if self._in_order:
                 self._ready[idx] = _SKIP
             else:
-                self._popped += 1  # nothing to deliver: it leaves the window now
+                self._release(idx)  # nothing to deliver: it leaves the window now
             return
         if kind == "ok":
             self._stats.busy[wid] += msg[6]  # the worker's fetch + collate seconds
@@ -547,7 +596,7 @@ class MultiWorkerIterator:
             if self._in_order:
                 self._ready[idx] = _SKIP
             else:
-                self._popped += 1
+                self._release(idx)
 
     def _join(self, k: int, parts: list[Any]) -> Any:
         # Into memory this loader reuses: fresh memory for a large batch costs far more in
@@ -594,12 +643,31 @@ class MultiWorkerIterator:
         """
         self._num_workers += 1
         self._outstanding.append(0)
+        self._undelivered.append(0)
         self._active.append(True)
         self._since.append(time.perf_counter())
         self._stats.workers = self._num_workers
         self._pool.limit_start(self._num_workers)
         self._pool.start(1)  # a process pool starts it; threads run already
         self._refill()
+
+
+def assigns_freely(loader: DataLoader[Any]) -> bool:
+    """Whether stoker may assign batches to workers its own way (see the module docstring):
+    where none of the user's code runs in the workers, so none can see which worker loads
+    what, or when (the rule by which a fixed count may load in process instead).
+
+    That is: a map-style dataset that surely draws nothing (only stoker's code loads it,
+    see :func:`~stoker._dataset.draws_nothing`), or whose class sets
+    ``_stoker_worker_agnostic = True`` (its samples depend neither on the worker nor on
+    the timing), with stoker's default collate and no ``worker_init_fn``.
+    """
+    if loader._iterable or loader.worker_init_fn is not None:
+        return False
+    if type(loader.collate_fn) is not DefaultCollate:
+        return False
+    ds = loader.dataset
+    return draws_nothing(ds) or getattr(type(ds), "_stoker_worker_agnostic", False) is True
 
 
 def available_cpus() -> int:
@@ -632,16 +700,19 @@ def _cgroup_quota() -> float | None:
 
 
 def workers_warning(num_workers: int, worker_mode: str) -> None:
-    """Warn, as torch does, when more worker processes are asked for than CPUs exist."""
+    """Warn, as torch does (its phrase first), when more worker processes are asked for
+    than CPUs are available; called as each iterator with workers is made, as torch's."""
     if worker_mode != "process" or num_workers <= 0:
         return
     cpus = available_cpus()
     if num_workers > cpus:
         warnings.warn(
-            f"This DataLoader will create {num_workers} worker processes in total, but "
-            f"only {cpus} CPUs are available to this process (its affinity mask and cgroup "
-            "quota), so workers will compete for them and loading may slow down or stall. "
-            f"Use num_workers <= {cpus}, or worker_mode='thread' for I/O-bound datasets.",
+            f"This DataLoader will create {num_workers} worker processes in total. Our "
+            f"suggested max number of worker in current system is {cpus}, which is smaller "
+            "than what this DataLoader is going to create. stoker counts the CPUs this "
+            "process may use (its affinity mask and cgroup quota): the workers will compete "
+            "for them and loading may slow down or stall. Use num_workers <= "
+            f"{cpus}, or worker_mode='thread' for I/O-bound datasets.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,  # the user's line that made the iterator (loader.__iter__ -> here)
         )

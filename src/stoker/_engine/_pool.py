@@ -132,6 +132,20 @@ class _ProcWorker:
                 _WARM.setdefault(loader, []).append(late)
 
 
+def _torch_phrase(pid: int | None, code: int | None) -> str:
+    """torch's words for a worker's death, which users search for: "DataLoader worker (pid
+    N) is killed by signal: Killed. " (or "... exited unexpectedly with exit code 1. ")."""
+    if code is not None and code < 0:
+        try:
+            name = signal.strsignal(-code) or f"signal {-code}"
+        except ValueError:
+            name = f"signal {-code}"
+        return f"DataLoader worker (pid {pid}) is killed by signal: {name}. "
+    if code is not None:
+        return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. "
+    return f"DataLoader worker (pid {pid}) exited unexpectedly. "
+
+
 def _signal_text(code: int | None) -> str:
     if code is None:
         return "its exit status is unknown"
@@ -169,7 +183,7 @@ def _explain_unpicklable(exc: BaseException, parts: dict[str, Any], method: str)
 class ProcessPool:
     """Worker processes with the shared-memory transport (see the module docstring)."""
 
-    def __init__(self, loader: DataLoader[Any], seed: int, prefetch: int) -> None:
+    def __init__(self, loader: DataLoader[Any], seeds: list[int], prefetch: int) -> None:
         ctx = loader.multiprocessing_context or multiprocessing.get_context()
         method = ctx.get_start_method()
         self._owner = os.getpid()
@@ -199,7 +213,7 @@ class ProcessPool:
             args = WorkerArgs(
                 wid,
                 n,
-                seed + wid,
+                seeds[wid],
                 fetcher,
                 loader.worker_init_fn,
                 prefix,
@@ -393,7 +407,7 @@ class ProcessPool:
         code = w.proc.exitcode
         self.shutdown(grace_s=0.0)
         raise WorkerError(
-            f"DataLoader worker {w.wid} (pid {w.pid}) exited unexpectedly: {_signal_text(code)}."
+            f"{_torch_phrase(w.pid, code)}Worker {w.wid} exited unexpectedly: {_signal_text(code)}."
         )
 
     def shutdown(self, grace_s: float = _STOP_GRACE_S) -> None:
@@ -524,7 +538,7 @@ class ThreadPool:
     """Worker threads with the in-process transport (see the module docstring)."""
 
     def __init__(
-        self, loader: DataLoader[Any], seed: int, prefetch: int, pin_device: str | None
+        self, loader: DataLoader[Any], seeds: list[int], prefetch: int, pin_device: str | None
     ) -> None:
         self._closed = False
         self._outbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
@@ -540,7 +554,7 @@ class ThreadPool:
             args = WorkerArgs(
                 wid,
                 n,
-                seed + wid,
+                seeds[wid],
                 fetcher,
                 loader.worker_init_fn,
                 pin_device=pin_device,

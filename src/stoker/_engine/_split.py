@@ -13,7 +13,9 @@ A thread worker about to wait for its inbox first helps any open job, then marks
 idle while it waits (:meth:`HelpBoard.next_message`); before each of its samples, the owner
 puts ``("help", job)`` into idle threads' inboxes, and a helper that reads it takes samples
 until none are left (:meth:`Job.work`). The owner takes samples too, so a batch never waits
-for a helper that has not come: it waits only for samples a helper has started.
+for a helper that has not come: it waits only for samples a helper has started. While it
+helps, a thread answers ``get_worker_info()`` as the owner does: the samples of a batch are
+all loaded by the worker that torch would have given the batch.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from stoker._worker_info import get_worker_info, set_worker_info
+
 SPLIT_MIN_S = 0.0005
 """A first sample slower than this is worth handing the others to idle threads."""
 
@@ -31,6 +35,7 @@ class Job:
     """One batch's samples, taken one at a time by its owner and any helpers."""
 
     def __init__(self, fn: Callable[[Any], Any], items: list[Any], first: Any) -> None:
+        self._info = get_worker_info()  # the owner's
         self._fn = fn
         self._items = items
         self._results: list[Any] = [first] + [None] * (len(items) - 1)
@@ -50,6 +55,17 @@ class Job:
             offer: the owner's; called before each sample, to hand samples to threads
                 that went idle since.
         """
+        if offer is not None:
+            self._work(offer)
+            return
+        mine = get_worker_info()
+        set_worker_info(self._info, whole_process=False)  # a helper: as the owner
+        try:
+            self._work(None)
+        finally:
+            set_worker_info(mine, whole_process=False)
+
+    def _work(self, offer: Callable[[Job], None] | None) -> None:
         n = len(self._items)
         while True:
             if offer is not None:

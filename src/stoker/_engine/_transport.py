@@ -35,6 +35,7 @@ import contextlib
 import io
 import os
 import pickle
+import re
 import select
 import struct
 import threading
@@ -342,6 +343,7 @@ class _Encoder(pickle.Pickler):
         if torch is not None and type(obj) is torch.Tensor:
             if (
                 obj.device.type != "cpu"
+                or obj.is_nested  # strided in layout, but no one buffer: pickled
                 or obj.layout != torch.strided
                 or obj.requires_grad
                 or obj.is_quantized
@@ -569,8 +571,34 @@ class RemoteError:
             )
             err.__cause__ = _RemoteTraceback(self.tb)
             return err
+        if self.where.startswith("worker "):  # a process's "worker 1 (pid 42) ...", a thread's
+            who = re.sub(r"^worker (?=\d)", "worker process ", self.where)  # torch's words
+            _restate(exc, f"Caught {type(exc).__name__} in DataLoader {who}")
         exc.add_note(note)
         return exc
+
+
+class _Message(str):
+    """A message that a ``KeyError`` shows as it is, not quoted (``KeyError`` shows the
+    ``repr`` of its one argument)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _restate(exc: BaseException, head: str) -> None:
+    """Put ``head`` (torch's "Caught ValueError in DataLoader worker process 0", then the
+    pid and sample indices) before ``str(exc)``, keeping the exception's type and attributes:
+    where its message is its one argument (or it has none), a ``KeyError``'s key, or an
+    ``OSError``'s ``strerror``. Others (their own ``__str__``) keep the note only."""
+    args = exc.args
+    kind = type(exc).__str__
+    if kind is BaseException.__str__ and (not args or (len(args) == 1 and type(args[0]) is str)):
+        exc.args = (f"{head}: {args[0]}" if args and args[0] else f"{head}.",)
+    elif isinstance(exc, KeyError) and kind is KeyError.__str__ and len(args) == 1:
+        exc.args = (_Message(f"{head}: {args[0]!r}"),)
+    elif isinstance(exc, OSError) and kind is OSError.__str__ and exc.strerror:
+        exc.strerror = f"{exc.strerror} ({head})"
 
 
 class _RemoteTraceback(Exception):

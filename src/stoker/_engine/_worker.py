@@ -8,7 +8,8 @@ Messages, main -> worker: a list of tasks ``(generation, index, task, seed,
 freed_slot_ids, dtype)`` (see :func:`~stoker._engine._transport.pack_tasks`; all the
 tasks the main process had for this worker at once: one pipe message, one wake-up; a
 group of tiny batches is one task, its ``task`` a list and its ``seed`` ``(seed, epoch,
-batch numbers)``), ``("free", freed_slot_ids)``, or ``None`` (stop). Worker -> main:
+batch numbers)``; an iterable dataset's ``seed`` is its worker's for the epoch, see
+:func:`worker_seed`), ``("free", freed_slot_ids)``, or ``None`` (stop). Worker -> main:
 ``("ok", generation, index, slot, payload, retired_segments, busy_seconds, skipped,
 untouched)`` (busy: the fetch + collate time, for ``loader.statistics()``; skipped: None, or
 the samples left out with ``skip_errors``, see :meth:`~stoker._fetch.MapFetcher.fetch_skipping`;
@@ -56,8 +57,8 @@ from stoker._engine._transport import (
     unpack_task,
 )
 from stoker._fetch import IterableFetcher, MapFetcher
-from stoker._random import batch_seeds, call_seeded, globals_untouched, seed_globals
-from stoker._worker_info import WorkerInfo, set_worker_info
+from stoker._random import batch_seeds, call_seeded, globals_untouched, mix_seed, seed_globals
+from stoker._worker_info import WorkerInfo, get_worker_info, set_worker_info
 
 _PR_SET_PDEATHSIG = 1
 BYE = ("bye", -1, -3)
@@ -67,6 +68,35 @@ _INDICES_SHOWN = 16
 _NEW_EPOCH_WAIT_S = 1.0
 """How long a new epoch of persistent thread workers waits for a seeded fetch still in
 flight; past it, the last epoch's decision on whether the dataset draws stands."""
+
+
+def worker_seed(base: int, epoch: int, worker_id: int, iterable: bool) -> int:
+    """Worker ``worker_id``'s seed (``get_worker_info().seed``), as torch makes it: a base
+    seed + ``worker_id``. The base is the loader's; an iterable dataset's, whose workers
+    draw on from that seed through the epoch (torch draws a new base per epoch), is mixed
+    from (the loader's, epoch) after the first epoch, so that its draws never repeat.
+
+    >>> worker_seed(10, 0, 1, True), worker_seed(10, 3, 1, False)
+    (11, 11)
+    >>> worker_seed(10, 1, 1, True) != worker_seed(10, 2, 1, True)
+    True
+    """
+    if iterable and epoch:
+        base = mix_seed(base, epoch)
+    return base + worker_id
+
+
+def _enter_epoch(args: WorkerArgs, seed: int, whole_process: bool) -> bool:
+    """Make ``seed`` the worker's seed (``get_worker_info().seed``, torch's too) for an
+    iterable dataset's new epoch; True if it changed (the caller seeds the RNGs from it)."""
+    info = get_worker_info()
+    if info is None or info.seed == seed:
+        return False  # started for this epoch, seeded already (and worker_init_fn ran)
+    info = WorkerInfo(info.id, info.num_workers, seed, info.dataset)
+    set_worker_info(info, whole_process=whole_process)
+    if whole_process:
+        _set_torch_worker_info(info)
+    return True
 
 
 class RngGuard:
@@ -160,7 +190,7 @@ class WorkerArgs:
     Attributes:
         worker_id: the worker's index.
         num_workers: how many workers the loader runs.
-        seed: the worker's seed (the iterator's base seed + ``worker_id``).
+        seed: the worker's seed when it starts (see :func:`worker_seed`).
         fetcher: the loader's fetcher (dataset and collate function).
         worker_init_fn: the user's hook, called with ``worker_id`` after seeding.
         prefix: the worker's shared-memory segment name prefix.
@@ -344,6 +374,8 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
         if first:
             generation = gen
             _reset_fetcher(fetcher)
+            if iterable and _enter_epoch(args, seed, whole_process=True):
+                seed_globals(seed, every_device=True)  # its draws go on through the epoch
         if iterable and fetcher.ended:  # type: ignore[union-attr]
             outbox.send(("end", gen, index))
             continue
@@ -352,7 +384,7 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
                 outbox.send(reply)
             continue
         started = time.perf_counter()
-        if fetcher.draws:
+        if fetcher.draws and not iterable:
             seed_globals(seed)
         arena.begin(ahead=bool(pending))
         try:
@@ -374,7 +406,8 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
         retired = arena.take_retired()
         # For a slow batch, whether the dataset left the global RNGs alone: then its parts
         # can be loaded by several workers (see stoker._engine._tail).
-        untouched = (not fetcher.draws or globals_untouched(seed)) if busy >= SPLIT_MIN_S else None
+        slow = busy >= SPLIT_MIN_S and not iterable
+        untouched = (not fetcher.draws or globals_untouched(seed)) if slow else None
         reply = ("ok", gen, index, slot, payload, retired, busy, skipped, untouched)
         outbox.send(reply, hold=bool(pending) and busy < FAST_BATCH_S and not first)
 
@@ -464,6 +497,7 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
     split = whole
     if isinstance(fetcher, MapFetcher):
         split = functools.partial(fetcher.fetch_skipping, alloc=alloc, map_fn=board.map)
+    fetched = 0  # batches of an iterable dataset this epoch
     try:
         while True:
             msg = board.next_message(wid, inbox)
@@ -476,6 +510,11 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
             if gen != generation:
                 generation = gen
                 _reset_fetcher(fetcher)
+                if iterable:
+                    _enter_epoch(args, seed, whole_process=False)
+                    fetched = 0
+            if iterable:  # threads share the RNGs: each batch is seeded on its own
+                seed, fetched = mix_seed(seed, fetched), fetched + 1
             if iterable and fetcher.ended:  # type: ignore[union-attr]
                 outbox.put((wid, ("end", gen, index)))
                 continue
