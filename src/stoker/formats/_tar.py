@@ -25,11 +25,10 @@ from stoker.formats import _index, _remote
 from stoker.formats._codec import (
     DICT_SPEC,
     Assembler,
-    CorruptRecordError,
     SampleLayout,
     spec_kind,
 )
-from stoker.formats._index import INDEX_SUFFIX, IndexBuilder, ShardIndex, TruncatedShardError
+from stoker.formats._index import INDEX_SUFFIX, IndexBuilder, ShardIndex
 
 _BLOCK = 512
 _MAX_OPEN = 64
@@ -389,19 +388,9 @@ class ShardDataset(Dataset[Any]):
         raw = {}
         for name in wanted:
             m = lo + names.index(name)
-            offset, size = int(ix.offset[m]), int(ix.size[m])
-            data = files.read(ix.url, offset, size)
-            if len(data) != size:
-                raise TruncatedShardError(
-                    f"truncated shard {ix.url!r}: key {key!r}, field {name!r} needs bytes "
-                    f"{offset}..{offset + size} but the file ends first. Re-download or "
-                    "rewrite the shard (and delete its stale index)."
-                )
-            if self.verify and zlib.crc32(data) != int(ix.crc32[m]):
-                raise CorruptRecordError(
-                    f"corrupt record in {ix.url!r}: key {key!r}, field {name!r} does not "
-                    "match the CRC-32 in its index. Re-download or rewrite the shard."
-                )
+            data = files.read(ix.url, int(ix.offset[m]), int(ix.size[m]))
+            if self.verify or len(data) != int(ix.size[m]):
+                _index.verify(ix, m, data, key, name)
             raw[name] = data
         return raw, ix.url, key
 
