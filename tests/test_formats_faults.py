@@ -22,7 +22,6 @@ from stoker.formats import (
     ShardDataset,
     ShardIterable,
     ShardWriter,
-    TruncatedShardError,
 )
 
 _SUBPROCESS_TIMEOUT_S = 60.0
@@ -123,10 +122,115 @@ def test_lmdb_writer_failing_at_close_leaves_no_temporary_or_lock_file(tmp_path:
 
     path = tmp_path / "out.lmdb"
     writer = LMDBWriter(path)
-    with pytest.raises(OSError):
-        with writer:
-            writer.write((b"abc", 1))
-            path.mkdir()
-            (path / "keep").write_bytes(b"x")
+    with pytest.raises(OSError), writer:
+        writer.write((b"abc", 1))
+        path.mkdir()
+        (path / "keep").write_bytes(b"x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.lmdb"]
     assert [p.name for p in path.iterdir()] == ["keep"]
+
+
+# -- shards -------------------------------------------------------------------------------
+
+
+def flip_member_byte(shard: str, member: int) -> None:
+    """Flip one byte in the data of ``member`` (its offset read from the shard's index)."""
+    doc = json.loads(Path(shard + ".index.json").read_bytes())
+    offset = doc["offset"][member] + 3
+    with open(shard, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+def test_shard_iterable_verifies_crcs_like_shard_dataset(tmp_path: Path) -> None:
+    """A flipped byte in a shard with its index beside it: both readers raise
+    CorruptRecordError naming the shard and the key; without verify both deliver it."""
+    (shard,) = write_numbers(str(tmp_path / "s-%d.tar"), 6)
+    flip_member_byte(shard, 2 * 3 + 1)  # sample 3's "bin" (members: cls, bin per sample)
+    with pytest.raises(CorruptRecordError, match="CRC-32") as mapped:
+        [ShardDataset(shard)[i] for i in range(6)]
+    with pytest.raises(CorruptRecordError, match="CRC-32") as streamed:
+        list(ShardIterable(shard, buffer_size=0, seed=0))
+    for err in (mapped, streamed):
+        assert shard in str(err.value) and "'000000003'" in str(err.value)
+    got = [s["bin"] for s in ShardIterable(shard, buffer_size=0, seed=0, verify=False)]
+    assert got[3] != bytes([3]) * 64 and got[4] == bytes([4]) * 64
+
+
+def damage(doc: dict[str, object], how: str) -> bytes:
+    """The index ``doc`` damaged as ``how`` says."""
+    d = json.loads(json.dumps(doc))
+    if how == "truncated":
+        return json.dumps(d).encode()[: len(json.dumps(d)) // 2]
+    if how == "huge size":
+        d["size"][1] = 1 << 40  # type: ignore[index]
+    elif how == "negative offset":
+        d["offset"][1] = -512  # type: ignore[index]
+    elif how == "starts past members":
+        d["starts"][-1] = 10**6  # type: ignore[index]
+    elif how == "absurd count":
+        d["keys"] = d["keys"] * 1000  # type: ignore[operator]
+    elif how == "field out of range":
+        d["field"][0] = 99  # type: ignore[index]
+    elif how == "wrong types":
+        d["offset"] = "everywhere"
+    elif how == "not an index":
+        d = {"hello": "world"}
+    return json.dumps(d).encode()
+
+
+DAMAGE = [
+    "truncated",
+    "huge size",
+    "negative offset",
+    "starts past members",
+    "absurd count",
+    "field out of range",
+    "wrong types",
+    "not an index",
+]
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_damaged_index_raises_value_error_naming_shard_and_index(tmp_path: Path, how: str) -> None:
+    """A damaged index (cut, absurd counts or offsets, wrong types) gives a ValueError naming
+    the shard and the index in every reader and in inspect: never MemoryError, OSError
+    [Errno 22] or IndexError."""
+    from stoker.formats import inspect
+
+    (shard,) = write_numbers(str(tmp_path / "s-%d.tar"), 6)
+    index = Path(shard + ".index.json")
+    index.write_bytes(damage(json.loads(index.read_bytes()), how))
+    readers = [
+        lambda: [ShardDataset(shard)[i] for i in range(6)],
+        lambda: list(ShardIterable(shard, buffer_size=0, seed=0)),
+        lambda: inspect(shard),
+    ]
+    for read in readers:
+        with pytest.raises(ValueError, match="damaged index") as err:
+            read()
+        assert str(index) in str(err.value) and "Delete the index" in str(err.value)
+    index.unlink()  # the fix the message gives: the index is rebuilt from the shard
+    assert [ShardDataset(shard)[i]["cls"] for i in range(6)] == list(range(6))
+
+
+def test_bit_flipped_index_reads_right_or_raises_value_error(tmp_path: Path) -> None:
+    """One flipped bit at 40 places of an index: every read raises a ValueError naming the
+    shard (the index's checksum finds flips that leave valid JSON: a field name, a size)."""
+    (shard,) = write_numbers(str(tmp_path / "s-%d.tar"), 6)
+    index = Path(shard + ".index.json")
+    good = index.read_bytes()
+    rng = np.random.default_rng(0)
+    for pos in rng.choice(len(good), 40, replace=False):
+        bad = bytearray(good)
+        bad[int(pos)] ^= 1 << int(rng.integers(8))
+        for read in (
+            lambda: [ShardDataset(shard)[i]["cls"] for i in range(6)],
+            lambda: [s["cls"] for s in ShardIterable(shard, buffer_size=0, seed=0)],
+        ):
+            index.write_bytes(bytes(bad))
+            with pytest.raises(ValueError, match="damaged index") as err:
+                read()
+            assert shard in str(err.value)

@@ -9,21 +9,23 @@ with the same key form one sample). Beside each shard ``NAME.tar`` lies ``NAME.t
      "spec": ["jpg;png", "cls"], "codecs": {"jpg": "bytes", "cls": "int"}, "extra": {},
      "keys": ["000000", ...], "fields": ["jpg", "cls"],
      "starts": [0, 2, ...], "field": [0, 1, ...], "offset": [512, ...], "size": [...],
-     "crc32": [...]}
+     "crc32": [...], "index_crc32": 1234}
 
 ``starts[i]:starts[i+1]`` are sample ``i``'s members; per member the index of its field
-name, the byte offset of its data in the shard, its size and its CRC-32. The index is
-JSON (never a pickle); a missing or stale one (``shard_bytes`` differs) is rebuilt by
-scanning the shard, and a damaged one (not JSON, or arrays that disagree with each other or
-reach past ``shard_bytes``) is an error naming the shard and the index. Every member name
-is checked: absolute paths, ``..`` and links are rejected, and a truncated shard raises an
-error naming the file and the key.
+name, the byte offset of its data in the shard, its size and its CRC-32; last, the CRC-32
+of the rest of the file. The index is JSON (never a pickle). A missing or stale one
+(``shard_bytes`` differs) is rebuilt by scanning the shard; a damaged one (not JSON, a
+checksum that differs, arrays that disagree with each other or reach past ``shard_bytes``)
+is an error naming the shard and the index. Every member name is checked: absolute paths,
+``..`` and links are rejected, and a truncated shard raises an error naming the file and
+the key.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
@@ -36,6 +38,7 @@ from stoker.formats import _remote
 from stoker.formats._codec import CorruptRecordError, split_name
 
 INDEX_SUFFIX = ".index.json"
+_CHECKSUM = re.compile(rb',"index_crc32":(\d+)}\s*$')
 FORMAT = "stoker-tar-index"
 VERSION = 1
 
@@ -93,7 +96,8 @@ class ShardIndex:
             "size": self.size.tolist(),
             "crc32": self.crc32.tolist(),
         }
-        return json.dumps(doc, separators=(",", ":")).encode()
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        return body[:-1] + b',"index_crc32":%d}' % zlib.crc32(body)
 
     @classmethod
     def from_json(cls, url: str, data: bytes) -> ShardIndex:
@@ -108,6 +112,7 @@ class ShardIndex:
                 message names the shard and the index file.
         """
         try:
+            _check_sum(data)
             doc = json.loads(data)
             if not isinstance(doc, dict) or doc.get("format") != FORMAT:
                 raise ValueError(f"its format is not {FORMAT!r}")
@@ -167,6 +172,18 @@ class ShardIndex:
                 f"member offsets and sizes must increase and lie within the shard's "
                 f"{self.shard_bytes} bytes"
             )
+
+
+def _check_sum(data: bytes) -> None:
+    """Check the CRC-32 that ends an index file (``,"index_crc32":N}``) against the rest:
+    any flipped bit is found, even one that leaves valid JSON (a field name, a size).
+    Indexes written before the checksum existed have none and pass.
+
+    >>> _check_sum(b'{"a":1,"index_crc32":%d}' % zlib.crc32(b'{"a":1}'))
+    """
+    m = _CHECKSUM.search(data)
+    if m is not None and zlib.crc32(data[: m.start()] + b"}") != int(m.group(1)):
+        raise ValueError("its CRC-32 does not match its content")
 
 
 class IndexBuilder:
