@@ -7,6 +7,7 @@ exception) run in a subprocess, so a regression shows as a failed test, not a de
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -234,3 +235,23 @@ def test_bit_flipped_index_reads_right_or_raises_value_error(tmp_path: Path) -> 
             with pytest.raises(ValueError, match="damaged index") as err:
                 read()
             assert shard in str(err.value)
+
+
+# -- paths --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("odd", ["run[1]", "what?", "all*", "s-{0..1}"])
+def test_existing_paths_with_pattern_characters_read_as_they_are(tmp_path: Path, odd: str) -> None:
+    """A folder or shard whose name holds [, ?, * or a brace range reads back as itself (the
+    folder, an explicit list, one shard); a pattern naming nothing is still expanded."""
+    folder = tmp_path / odd
+    shards = write_numbers(str(folder / f"{odd}-%d.tar"), 6, maxcount=2)
+    assert len(shards) == 3
+    every = list(range(6))
+    for urls in (str(folder), folder, shards, shards[0]):
+        got = [s["cls"] for s in ShardIterable(urls, buffer_size=0, shuffle_shards=False)]
+        assert got == (every if urls != shards[0] else [0, 1])
+        assert len(ShardDataset(urls)) == len(got)
+    if "{" not in odd:  # braces have no escape: a pattern under such a folder cannot name it
+        pattern = os.path.join(glob.escape(str(folder)), "*.tar")
+        assert ShardDataset(pattern).urls == shards
