@@ -139,7 +139,8 @@ class LMDBWriter:
     def open(self) -> None:
         """Create the temporary file (called by ``with``); removes stale ones of dead writers."""
         lmdb = _lmdb()
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with _remote.writing(self.path):
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
         _remote.sweep_stale(self.path)
         self._tmp = _remote.temp_name(self.path)
         try:
@@ -147,15 +148,15 @@ class LMDBWriter:
                 self._tmp, subdir=False, map_size=self._map_size, readahead=False, meminit=False
             )
         except lmdb.Error as exc:
+            failed = self._failed(exc, "create")
             self.abort()
-            raise self._failed(exc, "create") from exc
+            raise failed from exc
 
     def _failed(self, exc: BaseException, doing: str) -> OSError:
         """An OSError naming the file for an LMDB error (read-only folder, full disk ...)."""
         return OSError(
-            f"cannot {doing} the LMDB file {self.path!r} (through its temporary file "
-            f"{os.path.basename(self._tmp or '')!r}): {exc}. Check that its folder is writable "
-            "and has free space."
+            f"cannot {doing} the LMDB file {self.path!r} ({exc}); pick a folder that is "
+            "writable and has free space."
         )
 
     def write(self, sample: object) -> str:

@@ -25,7 +25,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from stoker._engine._shm import pid_alive
@@ -315,9 +315,32 @@ def sweep_stale(final: str) -> list[str]:
     return removed
 
 
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Turn an OSError raised while writing ``path`` (or its temporary file) into one of the
+    same kind whose message names ``path`` and the fix: a read-only folder, a full disk or
+    a file-size limit otherwise say no more than their errno."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None or path in str(exc):
+            raise
+        raise OSError(
+            exc.errno,
+            f"cannot write {path!r} ({exc.strerror or exc}); pick a folder that is writable "
+            "and has free space",
+            exc.filename,
+        ) from exc
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if os.path.lexists(path):  # a read-only folder refuses even a missing name (EROFS)
+            raise

@@ -134,7 +134,8 @@ class ShardWriter:
             _remote.sweep_stale(final)
             tmp = _remote.temp_name(final)
         self._final, self._tmp = final, tmp
-        self._file = open(tmp, "wb")  # noqa: SIM115 - stays open across write() calls
+        with _remote.writing(final):
+            self._file = open(tmp, "wb")  # noqa: SIM115 - stays open across write() calls
         self._builder = IndexBuilder(final)
         self._pos = 0
         self._count = 0
@@ -151,21 +152,27 @@ class ShardWriter:
             self._finish()
         if self._file is None:
             self._start()
-        assert self._file is not None and self._builder is not None
-        for name, data in fields.items():
-            header = headers[name]
-            pad = -len(data) % _BLOCK
-            self._file.write(header)
-            self._file.write(data)
-            self._file.write(b"\0" * pad)
-            offset = self._pos + len(header)
-            self._builder.add(key, name, offset, len(data), zlib.crc32(data))
-            self._pos = offset + len(data) + pad
+        assert self._file is not None and self._builder is not None and self._final is not None
+        with _remote.writing(self._final):
+            for name, data in fields.items():
+                header = headers[name]
+                pad = -len(data) % _BLOCK
+                self._file.write(header)
+                self._file.write(data)
+                self._file.write(b"\0" * pad)
+                offset = self._pos + len(header)
+                self._builder.add(key, name, offset, len(data), zlib.crc32(data))
+                self._pos = offset + len(data) + pad
         self._count += 1
         self.total += 1
         return key
 
     def _finish(self) -> None:
+        assert self._final is not None
+        with _remote.writing(self._final):
+            self._finish_shard()
+
+    def _finish_shard(self) -> None:
         assert self._file is not None and self._builder is not None
         assert self._tmp is not None and self._final is not None
         self._file.write(b"\0" * (2 * _BLOCK))
@@ -189,14 +196,23 @@ class ShardWriter:
             _remote._remove(self._tmp)
         else:
             _index.save(index, self._final + INDEX_SUFFIX)
-            os.replace(self._tmp, self._final)
+            try:
+                os.replace(self._tmp, self._final)
+            except BaseException:
+                _remote._remove(self._final + INDEX_SUFFIX)  # no index without its shard
+                raise
         self.shards.append(self._final)
         self._tmp = None
 
     def close(self) -> None:
-        """Finish the last shard (an empty writer writes none) and clean up."""
+        """Finish the last shard (an empty writer writes none) and clean up; when that
+        fails, the unfinished shard's temporary file is removed too."""
         if self._file is not None:
-            self._finish()
+            try:
+                self._finish()
+            except BaseException:
+                self.abort()
+                raise
         if self._local_dir is not None:
             _remote._remove(self._local_dir)
             self._local_dir = None
@@ -204,7 +220,8 @@ class ShardWriter:
     def abort(self) -> None:
         """Drop the shard being written; finished shards stay."""
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a full disk fails the flush again: moot
+                self._file.close()
             self._file = None
         if self._tmp is not None:
             _remote._remove(self._tmp)
