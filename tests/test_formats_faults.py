@@ -217,7 +217,7 @@ def test_damaged_index_raises_value_error_naming_shard_and_index(tmp_path: Path,
     assert [ShardDataset(shard)[i]["cls"] for i in range(6)] == list(range(6))
 
 
-def test_bit_flipped_index_reads_right_or_raises_value_error(tmp_path: Path) -> None:
+def test_bit_flipped_index_raises_value_error_naming_the_shard(tmp_path: Path) -> None:
     """One flipped bit at 40 places of an index: every read raises a ValueError naming the
     shard (the index's checksum finds flips that leave valid JSON: a field name, a size)."""
     (shard,) = write_numbers(str(tmp_path / "s-%d.tar"), 6)
@@ -255,3 +255,102 @@ def test_existing_paths_with_pattern_characters_read_as_they_are(tmp_path: Path,
     if "{" not in odd:  # braces have no escape: a pattern under such a folder cannot name it
         pattern = os.path.join(glob.escape(str(folder)), "*.tar")
         assert ShardDataset(pattern).urls == shards
+
+
+# -- writers and bad values ---------------------------------------------------------------
+
+
+def test_shard_writer_failing_at_close_leaves_no_temporary_file_or_orphan_index(
+    tmp_path: Path,
+) -> None:
+    """When the last shard cannot take its name (a folder took it), close raises and leaves
+    neither the temporary shard nor an index without its shard."""
+    writer = ShardWriter(str(tmp_path / "s-%d.tar"))
+    with pytest.raises(OSError), writer:
+        writer.write({"cls": 1})
+        (tmp_path / "s-0.tar").mkdir()
+        (tmp_path / "s-0.tar" / "keep").write_bytes(b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s-0.tar"]
+    assert [p.name for p in (tmp_path / "s-0.tar").iterdir()] == ["keep"]
+
+
+@pytest.mark.parametrize("how", ["flipped header", "cut at a member boundary"])
+def test_damaged_tar_structure_raises_naming_the_shard(tmp_path: Path, how: str) -> None:
+    """A flipped bit in a member's tar header, or a shard cut just before a header (no
+    index beside it): both readers raise a ValueError naming the shard, where tarfile
+    alone ends the stream there and the samples after it are silently lost."""
+    (shard,) = write_numbers(str(tmp_path / "s-%d.tar"), 6)
+    os.unlink(shard + ".index.json")
+    data = bytearray(Path(shard).read_bytes())
+    headers = [i for i in range(0, len(data), 512) if data[i + 257 : i + 262] == b"ustar"]
+    if how == "flipped header":
+        data[headers[4] + 2] ^= 0x08  # member 4's name: its checksum no longer matches
+    else:
+        del data[headers[4] :]
+    Path(shard).write_bytes(bytes(data))
+    for read in (lambda: ShardDataset(shard), lambda: list(ShardIterable(shard, seed=0))):
+        with pytest.raises(ValueError, match="truncated or corrupt shard") as err:
+            read()
+        assert shard in str(err.value) and "000000001.bin" in str(err.value)
+
+
+LMDB_FLIPS = """
+import sys
+import numpy as np
+from stoker.formats import LMDBDataset
+good = open(sys.argv[1], "rb").read()
+for seed in range(int(sys.argv[2])):
+    data = bytearray(good)
+    rng = np.random.default_rng(seed)
+    for _ in range(8):  # past the two meta pages: branch, leaf and overflow pages
+        data[int(rng.integers(2 * 4096, len(data)))] ^= 1 << int(rng.integers(8))
+    path = f"{sys.argv[3]}/flip{seed}.lmdb"
+    open(path, "wb").write(bytes(data))
+    print(seed, end=" ", flush=True)  # a crash shows after the seed that caused it
+    try:
+        ds = LMDBDataset(path)
+        [ds[i] for i in range(len(ds))]
+        print("read", flush=True)
+    except ValueError as exc:
+        assert path in str(exc), exc
+        print("ValueError", flush=True)
+"""
+
+
+def test_bit_flipped_lmdb_pages_never_kill_the_process(tmp_path: Path) -> None:
+    """Flipped bits in an LMDB file's data pages (20 seeds): each read delivers or raises a
+    ValueError naming the file; none crashes the interpreter. LMDB keeps no checksums, so
+    a flip inside a value's bytes arrives as data (shards, with CRC-32s, catch it)."""
+    pytest.importorskip("lmdb")
+    good = tmp_path / "good.lmdb"
+    write_lmdb(good)
+    proc = run_python(LMDB_FLIPS, str(good), "20", str(tmp_path))
+    assert proc.returncode == 0, f"exit {proc.returncode} at seed {proc.stdout}\n{proc.stderr}"
+    outcomes = [line.split()[1] for line in proc.stdout.splitlines()]
+    assert len(outcomes) == 20 and set(outcomes) <= {"read", "ValueError"}
+    assert "ValueError" in outcomes
+
+
+def test_bad_values_to_writers_and_pack_are_refused_up_front(tmp_path: Path) -> None:
+    """Bad sizes, counts and paths are ValueErrors naming the value before anything is
+    written; pack never writes over its own source."""
+    from stoker.formats import LMDBDataset, LMDBWriter, inspect, pack
+
+    pytest.importorskip("lmdb")
+    with pytest.raises(ValueError, match="map_size must be a positive"):
+        LMDBWriter(tmp_path / "m.lmdb", map_size=-1)
+    src = tmp_path / "src"
+    write_numbers(str(src / "s-%d.tar"), 3)
+    for kwargs in ({"maxcount": 0}, {"maxsize": float("nan")}, {"maxcount": 2.5}):
+        with pytest.raises(ValueError, match="must be a positive"):
+            pack(src, tmp_path / "out", "shards", progress=False, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="replace the source"):
+        pack(src, src, "shards", overwrite=True, progress=False)
+    with pytest.raises(ValueError, match="replace the source"):
+        pack(src, tmp_path, "lmdb", overwrite=True, progress=False)
+    assert len(ShardDataset(src)) == 3  # the source is intact
+    with pytest.raises(ValueError, match="samples must be a non-negative"):
+        inspect(src, samples=-1)
+    with pytest.raises(FileNotFoundError, match=r"without an LMDB data\.mdb"):
+        LMDBDataset(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

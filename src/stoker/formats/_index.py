@@ -38,6 +38,8 @@ from stoker.formats import _remote
 from stoker.formats._codec import CorruptRecordError, split_name
 
 INDEX_SUFFIX = ".index.json"
+_TAIL_BYTES = 4 * tarfile.RECORDSIZE
+"""How much of a stream is kept to re-read where tarfile stopped (it reads records)."""
 _CHECKSUM = re.compile(rb',"index_crc32":(\d+)}\s*$')
 FORMAT = "stoker-tar-index"
 VERSION = 1
@@ -243,16 +245,52 @@ def check_member(member: tarfile.TarInfo, where: str) -> tuple[str, str] | None:
     return key, field
 
 
+class _Tail:
+    """A read-only stream that keeps its last ``_TAIL_BYTES``, so that where ``tarfile``
+    stopped can be read again: it ends a stream silently at a header that is damaged or
+    missing (the archive cut at a member boundary), as it does at the end-of-archive blocks.
+    """
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.pos = 0
+        self.kept = b""
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        self.pos += len(data)
+        self.kept = (self.kept + data)[-_TAIL_BYTES:]
+        return data
+
+    def rest_is_end(self, offset: int) -> bool:
+        """Whether the stream holds only NUL bytes from ``offset`` on, and some of them
+        (the end-of-archive blocks)."""
+        start = self.pos - len(self.kept)
+        if offset < start:
+            return False
+        rest = self.kept[offset - start :]
+        while True:
+            if rest.strip(b"\0"):
+                return False
+            more = self.f.read(_TAIL_BYTES)
+            if not more:
+                return self.pos > offset or bool(rest)
+            self.pos += len(more)
+            rest = more
+
+
 def iter_members(f: IO[bytes], where: str) -> Iterator[tuple[str, str, int, bytes]]:
     """``(key, field, data_offset, data)`` of each file member of a tar read as a stream.
 
     Raises:
-        TruncatedShardError: when the shard ends inside a member (names file and key).
+        TruncatedShardError: when the shard ends inside a member or without its end blocks,
+            or a header is damaged (names file and key).
         ValueError: for unsafe member names (see :func:`check_member`).
     """
     last = "(before the first member)"
+    tail = _Tail(f)
     try:
-        with tarfile.open(fileobj=f, mode="r|") as tf:
+        with tarfile.open(fileobj=tail, mode="r|") as tf:  # type: ignore[call-overload]
             for member in tf:
                 checked = check_member(member, where)
                 if checked is None:
@@ -265,9 +303,14 @@ def iter_members(f: IO[bytes], where: str) -> Iterator[tuple[str, str, int, byte
                 if len(data) != member.size:
                     raise tarfile.ReadError(f"got {len(data)} of {member.size} bytes")
                 yield key, field, member.offset_data, data
+            if not tail.rest_is_end(tf.offset):
+                raise tarfile.ReadError(
+                    f"the header at byte {tf.offset} is damaged, or the archive ends there "
+                    "without its end blocks"
+                )
     except (tarfile.ReadError, EOFError, zlib.error) as exc:
         raise TruncatedShardError(
-            f"truncated or corrupt shard {where!r}: reading stopped at member {last!r} "
+            f"truncated or corrupt shard {where!r}: reading stopped after member {last!r} "
             f"({exc}). Re-download or rewrite the shard."
         ) from exc
 

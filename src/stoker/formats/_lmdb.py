@@ -111,6 +111,11 @@ class LMDBWriter:
             raise IsADirectoryError(
                 f"{self.path!r} is a directory; LMDBWriter writes one file: pick a file name."
             )
+        if not isinstance(map_size, int) or map_size <= 0:
+            raise ValueError(
+                f"map_size must be a positive number of bytes, got {map_size!r}; it is only "
+                "the first size of the map, which grows as needed."
+            )
         self.layout = SampleLayout(fields, codecs)
         self.extra = dict(extra or {})
         self._keys: list[bytes] = []
@@ -392,6 +397,11 @@ class LMDBDataset(Dataset[Any]):
             )
         self.path = local
         self._subdir = os.path.isdir(local)
+        if self._subdir and not os.path.isfile(os.path.join(local, "data.mdb")):
+            raise FileNotFoundError(
+                f"{local!r} is a folder without an LMDB data.mdb; pass the LMDB file itself "
+                "(or a folder LMDB wrote with subdir=True)."
+            )
         self._env: Any = None
         self._pid = -1
         try:

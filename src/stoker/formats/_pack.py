@@ -195,12 +195,23 @@ def pack(
         A summary (``str()`` of it is one line).
 
     Raises:
-        ValueError: for an unknown format or a bad source string.
+        ValueError: for an unknown format, bad shard limits, a bad source string, or a
+            ``dst`` that is ``src`` or holds it (overwriting it would delete the source).
         FileExistsError: when ``dst`` exists and ``overwrite`` is False.
     """
+    from stoker.formats._tar import check_limits
+
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}.")
+    check_limits(maxcount, maxsize)
     dst = os.path.abspath(_remote.local_path(os.fspath(dst)))
+    if isinstance(src, (str, os.PathLike)) and os.path.exists(os.fspath(src)):
+        source = os.path.realpath(os.fspath(src))
+        if os.path.commonpath([source, os.path.realpath(dst)]) == os.path.realpath(dst):
+            raise ValueError(
+                f"the output {dst!r} is the source {os.fspath(src)!r} or a folder holding "
+                "it; writing there would replace the source: pick another output."
+            )
     if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(
             f"{dst!r} already exists; pass overwrite=True (--overwrite) or pick another name."
@@ -298,6 +309,8 @@ def inspect(
         storage_options: keyword arguments for the fsspec filesystem of a remote ``path``
             (an endpoint, credentials ...); ignored for a local one.
     """
+    if not isinstance(samples, int) or samples < 0:
+        raise ValueError(f"samples must be a non-negative integer (keys to show), got {samples!r}.")
     url = os.fspath(path)
     local = None if _remote.is_remote(url) else _remote.local_path(url)
     if local is not None and os.path.isfile(local) and not local.endswith(".tar"):

@@ -42,6 +42,18 @@ def _tar_header(name: str, size: int) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
+def check_limits(maxcount: int, maxsize: float) -> None:
+    """Check a shard writer's limits: a positive int count and a positive number of bytes.
+
+    Raises:
+        ValueError: naming the limit and the value found.
+    """
+    if not isinstance(maxcount, int) or isinstance(maxcount, bool) or maxcount <= 0:
+        raise ValueError(f"maxcount must be a positive integer, got {maxcount!r}.")
+    if not isinstance(maxsize, (int, float)) or not maxsize > 0:
+        raise ValueError(f"maxsize must be a positive number of bytes, got {maxsize!r}.")
+
+
 class ShardWriter:
     """Writes samples into tar shards, starting a new shard by count or size.
 
@@ -86,10 +98,7 @@ class ShardWriter:
                 f"pattern must hold one %d-style slot for the shard number, got {pattern!r}; "
                 "e.g. 'out/train-%06d.tar'."
             ) from exc
-        if not isinstance(maxcount, int) or maxcount <= 0:
-            raise ValueError(f"maxcount must be a positive integer, got {maxcount!r}.")
-        if not maxsize > 0:
-            raise ValueError(f"maxsize must be a positive number of bytes, got {maxsize!r}.")
+        check_limits(maxcount, maxsize)
         self.pattern = pattern
         self.maxcount = maxcount
         self.maxsize = float(maxsize)
