@@ -199,18 +199,15 @@ def private_mounts() -> None:
         pytest.skip(f"cannot mount a private tmpfs: {probe.stderr.decode().strip()}")
 
 
-def stoker_on_tmpfs(
-    mount: Path, options: str, *args: str
-) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """Run ``stoker ARGS`` with a tmpfs mounted at ``mount`` (mount ``options``, e.g.
-    ``size=64k,ro``) in a private mount namespace; returns the run and what it left in
-    the tmpfs (which disappears with the namespace)."""
+def on_tmpfs(mount: Path, options: str, *steps: str) -> tuple[list[int], str, list[str]]:
+    """Run the shell ``steps`` with a tmpfs mounted at ``mount`` (mount ``options``, e.g.
+    ``size=64k,ro``) in a private mount namespace; returns each step's exit status, their
+    stderr, and what was left in the tmpfs (which disappears with the namespace)."""
     mount.mkdir(exist_ok=True)
-    cli = shlex.join([sys.executable, "-m", "stoker._cli", *args])
-    script = (
-        f"mount -t tmpfs -o {shlex.quote(options)} tmpfs {shlex.quote(str(mount))} || exit 99\n"
-        f"{cli}\necho '{_STATUS_MARK}'$? >&2\nls -A {shlex.quote(str(mount))}\n"
-    )
+    where = shlex.quote(str(mount))
+    script = f"mount -t tmpfs -o {shlex.quote(options)} tmpfs {where} || exit 99\n"
+    script += "".join(f"{step}\necho '{_STATUS_MARK}'$? >&2\n" for step in steps)
+    script += f"ls -A {where}\n"
     proc = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
         capture_output=True,
@@ -218,9 +215,24 @@ def stoker_on_tmpfs(
         timeout=_CLI_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr
-    err, _, status = proc.stderr.rpartition(_STATUS_MARK)
-    run = subprocess.CompletedProcess(proc.args, int(status), "", err)
-    return run, proc.stdout.split()
+    parts = proc.stderr.split(_STATUS_MARK)
+    statuses = [int(part.split("\n", 1)[0]) for part in parts[1:]]
+    return statuses, proc.stderr, proc.stdout.split()
+
+
+def cli(*args: str) -> str:
+    """The shell line that runs ``stoker ARGS``."""
+    return shlex.join([sys.executable, "-m", "stoker._cli", *args])
+
+
+def stoker_on_tmpfs(
+    mount: Path, options: str, *args: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run ``stoker ARGS`` on a fresh tmpfs (see :func:`on_tmpfs`); returns the run and what
+    it left in the tmpfs."""
+    (status,), err, left = on_tmpfs(mount, options, cli(*args))
+    err = err.rpartition(_STATUS_MARK)[0]
+    return subprocess.CompletedProcess(args, status, "", err), left
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "shards"])
@@ -253,3 +265,25 @@ def test_pack_onto_a_full_disk_fails_cleanly(
     line = assert_one_line_error(run, "pack", 1)
     assert "cannot write" in line and "free space" in line
     assert left == []
+
+
+def test_shards_without_index_in_a_read_only_folder_are_read(
+    tmp_path: Path, private_mounts: None
+) -> None:
+    """Shards whose indexes are gone, in a folder that became read-only: inspect scans them
+    and keeps the rebuilt index in memory (status 0, every sample counted)."""
+    src = make_images(tmp_path / "img")
+    mount = tmp_path / "m"
+    out = shlex.quote(str(mount / "out"))
+    pack = cli("pack", str(src), str(mount / "out"), "--format", "shards", "--maxcount", "4")
+    statuses, err, _ = on_tmpfs(
+        mount,
+        "size=1m",
+        pack + " --quiet",
+        f"rm {out}/*.index.json && mount -o remount,ro {shlex.quote(str(mount))}",
+        cli("inspect", str(mount / "out")) + " 1>&2",
+        f"ls {out}/*.index.json",
+    )
+    assert statuses[:3] == [0, 0, 0], err
+    assert "2 tar shard(s)" in err and "samples: 6" in err
+    assert statuses[3] != 0  # no index could be written
