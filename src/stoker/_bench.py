@@ -753,10 +753,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``bench`` on its own: ``python -m stoker._bench [options]``."""
-    parser = argparse.ArgumentParser(prog="stoker")
-    add_subcommand(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+    """Run ``bench`` on its own, as ``stoker bench`` does: ``python -m stoker._bench [options]``."""
+    from stoker._cli import main as stoker_main
+
+    return stoker_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
