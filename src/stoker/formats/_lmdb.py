@@ -258,34 +258,35 @@ def check_file(path: str, subdir: bool) -> None:
         CorruptRecordError: when it is shorter than its meta pages say (truncated).
     """
     file = os.path.join(path, "data.mdb") if subdir else path
-    fix = "write it with LMDBWriter or `stoker pack SRC DST --format lmdb`"
     with open(file, "rb") as f:
-        head = f.read(_META_PAGE.size)
-        if len(head) < _META_PAGE.size:
-            raise ValueError(
-                f"{file!r} is not an LMDB file: it has {os.path.getsize(file)} bytes, less "
-                f"than an LMDB header; {fix}."
-            )
-        psize = _META_PAGE.unpack(head)[9]
-        if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
-            psize = 0  # not a page size: the magic check below says what the file is not
-        f.seek(psize)
-        second = f.read(_META_PAGE.size) if psize else b""
         size = os.fstat(f.fileno()).st_size
-    metas = [_META_PAGE.unpack(page) for page in (head, second) if len(page) == _META_PAGE.size]
-    if not metas or any(m[5] != _MAGIC or m[6] != _DATA_VERSION for m in metas):
-        raise ValueError(
-            f"{file!r} is not an LMDB file (of data version {_DATA_VERSION}): its first page "
-            f"holds no LMDB meta page; {fix}."
-        )
-    newest = max(metas, key=lambda m: m[26])
+        first = f.read(_META_PAGE.size)
+        meta = _META_PAGE.unpack(first) if len(first) == _META_PAGE.size else None
+        if meta is None or meta[5] != _MAGIC or meta[6] != _DATA_VERSION:
+            raise ValueError(
+                f"{file!r} is not an LMDB file (of data version {_DATA_VERSION}): its "
+                f"{size} bytes do not start with an LMDB meta page; write it with LMDBWriter "
+                "or `stoker pack SRC DST --format lmdb`."
+            )
+        psize = meta[9]
+        if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
+            raise CorruptRecordError(
+                f"corrupt LMDB file {file!r}: its meta page gives a page size of {psize}. "
+                "Copy the file again or rewrite it."
+            )
+        f.seek(psize)
+        second = f.read(_META_PAGE.size)
+    metas = [meta]
+    if len(second) == _META_PAGE.size:
+        metas.append(_META_PAGE.unpack(second))
+    newest = max((m for m in metas if m[5] == _MAGIC), key=lambda m: m[26])
     needed = max(2, newest[25] + 1) * psize
-    if len(metas) < 2 or size < needed or newest[8] < needed:
+    if size < needed or newest[8] < needed:
         raise CorruptRecordError(
             f"truncated LMDB file {file!r}: its meta page says it holds {needed} bytes "
             f"({needed // psize} pages of {psize}) in a map of {newest[8]} bytes, but it has "
             f"{size}. It was cut short (an interrupted copy or download, a full disk): copy it "
-            f"again or rewrite it; reading it as it is would crash the process (SIGBUS)."
+            "again or rewrite it; reading it as it is would crash the process (SIGBUS)."
         )
 
 

@@ -140,7 +140,8 @@ class ShardIterable(IterableDataset[Any]):
     worker (a list of the workers' states is accepted by ``load_state_dict``).
 
     Args:
-        urls: shard paths or URLs (a list, brace range, glob or directory).
+        urls: shard paths or URLs (a list, brace range, glob or directory; a name that
+            exists is never expanded, as for :class:`ShardDataset`).
         fields: the read spec; default: the writer's (from the first shard's index, when
             present), else the whole dict.
         shuffle_shards: permute the shards each epoch.
@@ -149,7 +150,8 @@ class ShardIterable(IterableDataset[Any]):
         transform, target_transform, decode: as for :class:`ShardDataset`.
         cache_dir: local folder for remote shards; without it they are streamed.
         verify: check each member's size and CRC-32 against the shard's index, when a
-            current one lies beside the shard (as :class:`ShardDataset` does).
+            current one lies beside the shard (as :class:`ShardDataset` does); it costs one
+            read of the index per shard and pass.
         storage_options: keyword arguments for the fsspec filesystem of remote ``urls``
             (an endpoint, credentials ...); ignored for local paths. Kept and pickled as
             for :class:`ShardDataset`, so ``spawn`` and ``forkserver`` workers use them.

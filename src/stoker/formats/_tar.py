@@ -327,7 +327,8 @@ class ShardDataset(Dataset[Any]):
 
     Args:
         urls: shard paths or URLs: a list, a brace range (``"s-{000000..000009}.tar"``),
-            a glob, or a directory of ``*.tar``.
+            a glob, or a directory of ``*.tar``. A name that exists is read as it is, even
+            with ``[``, ``?`` or ``*`` in it; only one that names nothing is expanded.
         fields: the read spec; default: the writer's, or the whole dict for shards
             written elsewhere.
         transform: applied to the first entry of each sample.
