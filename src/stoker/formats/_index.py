@@ -23,6 +23,7 @@ the key.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -38,8 +39,8 @@ from stoker.formats import _remote
 from stoker.formats._codec import CorruptRecordError, split_name
 
 INDEX_SUFFIX = ".index.json"
-_TAIL_BYTES = 4 * tarfile.RECORDSIZE
-"""How much of a stream is kept to re-read where tarfile stopped (it reads records)."""
+_TAIL_READS = 4
+"""How many of a stream's last reads are kept, to re-read where tarfile stopped."""
 _CHECKSUM = re.compile(rb',"index_crc32":(\d+)}\s*$')
 FORMAT = "stoker-tar-index"
 VERSION = 1
@@ -246,33 +247,37 @@ def check_member(member: tarfile.TarInfo, where: str) -> tuple[str, str] | None:
 
 
 class _Tail:
-    """A read-only stream that keeps its last ``_TAIL_BYTES``, so that where ``tarfile``
-    stopped can be read again: it ends a stream silently at a header that is damaged or
-    missing (the archive cut at a member boundary), as it does at the end-of-archive blocks.
+    """A read-only stream that keeps its last few reads, so that where ``tarfile`` stopped
+    can be read again: it ends a stream silently at a header that is damaged or missing
+    (the archive cut at a member boundary), as it does at the end-of-archive blocks.
+    ``tarfile`` reads whole records (``RECORDSIZE``), so the header it stopped at is in
+    the last two.
     """
 
     def __init__(self, f: IO[bytes]) -> None:
         self.f = f
         self.pos = 0
-        self.kept = b""
+        self.kept: collections.deque[bytes] = collections.deque(maxlen=_TAIL_READS)
 
     def read(self, size: int = -1) -> bytes:
         data = self.f.read(size)
-        self.pos += len(data)
-        self.kept = (self.kept + data)[-_TAIL_BYTES:]
+        if data:
+            self.pos += len(data)
+            self.kept.append(data)
         return data
 
     def rest_is_end(self, offset: int) -> bool:
         """Whether the stream holds only NUL bytes from ``offset`` on, and some of them
         (the end-of-archive blocks)."""
-        start = self.pos - len(self.kept)
+        kept = b"".join(self.kept)
+        start = self.pos - len(kept)
         if offset < start:
             return False
-        rest = self.kept[offset - start :]
+        rest = kept[offset - start :]
         while True:
             if rest.strip(b"\0"):
                 return False
-            more = self.f.read(_TAIL_BYTES)
+            more = self.f.read(tarfile.RECORDSIZE)
             if not more:
                 return self.pos > offset or bool(rest)
             self.pos += len(more)
