@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from stoker import _torch
+from stoker._cli import error, number
 
 _PIN_NO_TORCH = "torch is not installed, so the pin_memory x non_blocking comparison is skipped."
 _PIN_NO_ACCELERATOR = (
@@ -72,25 +73,6 @@ def _listed(item: Callable[[str], Any], example: str) -> Callable[[str], list[An
     return parse
 
 
-def _number(kind: Callable[[str], Any], minimum: float) -> Callable[[str], Any]:
-    """An argparse type: a number of type ``kind`` that is at least ``minimum``.
-
-    >>> _number(int, 1)("3")
-    3
-    """
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be a number >= {minimum}, got {text!r}.")
-        return value
-
-    return parse
-
-
 def _mode(text: str) -> str:
     if text not in ("process", "thread"):
         raise ValueError(text)
@@ -108,23 +90,23 @@ def add_subcommand(subparsers: Any) -> None:
         "accelerator, also compare pin_memory x non_blocking.",
     )
     add = p.add_argument
-    add("--workers", type=_listed(_number(int, 0), "0,1,2,4"), default=None,
+    add("--workers", type=_listed(number(int, 0), "0,1,2,4"), default=None,
         help="num_workers values (default: 0 up to the usable CPU count)")  # fmt: skip
     add("--worker-mode", type=_listed(_mode, "process,thread"), default=["process", "thread"],
         help="worker modes to try (default: process,thread)")  # fmt: skip
-    add("--batch-size", type=_listed(_number(int, 1), "64,256"), default=[100],
+    add("--batch-size", type=_listed(number(int, 1), "64,256"), default=[100],
         help="batch sizes (default: 100)")  # fmt: skip
     add("--auto", action="store_true",
         help="also run num_workers='auto' per worker mode (the autotuner's pick)")  # fmt: skip
     add("--dataset", metavar="MODULE:FACTORY",
         help="your dataset: a callable (or object) in an importable module")  # fmt: skip
-    add("--samples", type=_number(int, 1), help="synthetic samples (default: 1000)")
-    add("--sample-bytes", type=_number(int, 1), help="bytes per sample (default: 1048576)")
-    add("--sleep-ms", type=_number(float, 0), help="wait per sample, as I/O (default: 5)")
-    add("--batches", type=_number(int, 1), default=8, help="timed batches (default: 8)")
-    add("--warmup", type=_number(int, 0), default=2, help="untimed batches first (default: 2)")
-    add("--repeats", type=_number(int, 1), default=3, help="runs per configuration (default: 3)")
-    add("--compute-ms", type=_number(float, 0), default=0.0,
+    add("--samples", type=number(int, 1), help="synthetic samples (default: 1000)")
+    add("--sample-bytes", type=number(int, 1), help="bytes per sample (default: 1048576)")
+    add("--sleep-ms", type=number(float, 0), help="wait per sample, as I/O (default: 5)")
+    add("--batches", type=number(int, 1), default=8, help="timed batches (default: 8)")
+    add("--warmup", type=number(int, 0), default=2, help="untimed batches first (default: 2)")
+    add("--repeats", type=number(int, 1), default=3, help="runs per configuration (default: 3)")
+    add("--compute-ms", type=number(float, 0), default=0.0,
         help="emulated training step per batch, subtracted from the time (default: 0)")  # fmt: skip
     add("--json", default="stoker-bench.json", metavar="PATH", help="results file")
     add("--plot", default="stoker-bench.png", metavar="PATH", help="PNG (needs matplotlib)")
@@ -636,9 +618,13 @@ def _resolve(args: argparse.Namespace, cpus: int) -> None:
     """Fill in the defaults that depend on each other or on the machine, in ``args``.
 
     Raises:
-        ValueError: synthetic-dataset options were given together with ``--dataset``.
+        ValueError: synthetic-dataset options were given together with ``--dataset``, or
+            the results could not be written where ``--json`` / ``--plot`` say (checked
+            before the sweep, not after it).
     """
-    given = [f"--{k.replace('_', '-')}" for k in _SYNTHETIC_DEFAULTS if getattr(args, k)]
+    given = [
+        f"--{k.replace('_', '-')}" for k in _SYNTHETIC_DEFAULTS if getattr(args, k) is not None
+    ]
     if args.dataset is not None and given:
         raise ValueError(
             f"{', '.join(given)} describe the synthetic dataset, but --dataset was given: "
@@ -647,8 +633,24 @@ def _resolve(args: argparse.Namespace, cpus: int) -> None:
     for key, default in _SYNTHETIC_DEFAULTS.items():
         if args.dataset is None and getattr(args, key) is None:
             setattr(args, key, default)
+    for option, path in (("--json", args.json), ("--plot", None if args.no_plot else args.plot)):
+        if path is not None:
+            _check_writable(option, path)
     args.workers = sorted(args.workers if args.workers is not None else range(cpus + 1))
     args.batch_size = sorted(args.batch_size)
+
+
+def _check_writable(option: str, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        problem = "is a folder"
+    elif not os.path.isdir(folder):
+        problem = f"is in {folder!r}, which does not exist"
+    elif not os.access(folder, os.W_OK):
+        problem = f"is in {folder!r}, which is not writable"
+    else:
+        return
+    raise ValueError(f"{option} {path!r} {problem}: name a file in a writable folder.")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -712,7 +714,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             else SyntheticDataset(args.samples, args.sample_bytes, args.sleep_ms / 1e3)
         )
     except (ValueError, TypeError, ImportError) as exc:
-        print(f"stoker bench: error: {exc}", file=sys.stderr)
+        error("bench", str(exc))
         return 2
     data, words = _describe(args, dataset)
     print(
@@ -789,16 +791,16 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             except ModuleNotFoundError:
                 print(_PLOT_MISSING, file=out)
     except OSError as exc:
-        print(f"stoker bench: error: cannot write the results: {exc}", file=sys.stderr)
+        error("bench", f"cannot write the results: {exc}")
         return 1
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``bench`` on its own: ``python -m stoker._bench [options]``."""
-    parser = argparse.ArgumentParser(prog="stoker")
-    add_subcommand(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+    """Run ``bench`` on its own, as ``stoker bench`` does: ``python -m stoker._bench [options]``."""
+    from stoker._cli import main as stoker_main
+
+    return stoker_main(["bench", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from stoker._cli import number
+
 COMMANDS = ("pack", "inspect")
 
 
@@ -26,8 +28,10 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("src", help="image folder, or module:factory")
     p.add_argument("dst", help="the LMDB file, or the folder of shards")
     p.add_argument("--format", choices=("lmdb", "shards"), default="lmdb")
-    p.add_argument("--maxcount", type=int, default=10_000, help="samples per shard at most")
-    p.add_argument("--maxsize", type=float, default=1e9, help="bytes per shard at most")
+    p.add_argument(
+        "--maxcount", type=number(int, 1), default=10_000, help="samples per shard at most"
+    )
+    p.add_argument("--maxsize", type=number(float, 1), default=1e9, help="bytes per shard at most")
     p.add_argument("--overwrite", action="store_true", help="replace an existing DST")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     i = subparsers.add_parser(
@@ -37,40 +41,39 @@ def add_subcommands(subparsers: Any) -> None:
         "folder of shards, a brace pattern or a URL.",
     )
     i.add_argument("path")
-    i.add_argument("--keys", type=int, default=3, help="how many keys to show")
+    i.add_argument("--keys", type=number(int, 0), default=3, help="how many keys to show")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed ``pack`` or ``inspect`` command; returns the exit status."""
+    """Run the parsed ``pack`` or ``inspect`` command; returns the exit status.
+
+    Errors propagate to the ``stoker`` command's one error path (``stoker._cli.run``).
+    """
     from stoker.formats import _pack
 
-    try:
-        if args.command == "pack":
-            summary = _pack.pack(
-                args.src,
-                args.dst,
-                args.format,
-                maxcount=args.maxcount,
-                maxsize=args.maxsize,
-                overwrite=args.overwrite,
-                progress=not args.quiet,
-            )
-            print(summary)
-            return 0
-        if args.command == "inspect":
-            print(_pack.inspect(args.path, samples=args.keys))
-            return 0
-    except (OSError, ValueError, TypeError, ImportError) as exc:
-        print(f"stoker {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+    if args.command == "pack":
+        summary = _pack.pack(
+            args.src,
+            args.dst,
+            args.format,
+            maxcount=args.maxcount,
+            maxsize=args.maxsize,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+        )
+        print(summary)
+        return 0
+    if args.command == "inspect":
+        print(_pack.inspect(args.path, samples=args.keys))
+        return 0
     raise ValueError(f"command must be one of {', '.join(COMMANDS)}, got {args.command!r}.")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``pack`` / ``inspect`` on their own (``python -m stoker.formats._cli``)."""
-    parser = argparse.ArgumentParser(prog="stoker")
-    add_subcommands(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(argv))
+    """Run ``pack`` / ``inspect`` as ``stoker`` does (``python -m stoker.formats._cli``)."""
+    from stoker._cli import main as stoker_main
+
+    return stoker_main(argv)
 
 
 if __name__ == "__main__":

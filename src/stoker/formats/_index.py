@@ -9,19 +9,24 @@ with the same key form one sample). Beside each shard ``NAME.tar`` lies ``NAME.t
      "spec": ["jpg;png", "cls"], "codecs": {"jpg": "bytes", "cls": "int"}, "extra": {},
      "keys": ["000000", ...], "fields": ["jpg", "cls"],
      "starts": [0, 2, ...], "field": [0, 1, ...], "offset": [512, ...], "size": [...],
-     "crc32": [...]}
+     "crc32": [...], "index_crc32": 1234}
 
 ``starts[i]:starts[i+1]`` are sample ``i``'s members; per member the index of its field
-name, the byte offset of its data in the shard, its size and its CRC-32. The index is
-JSON (never a pickle); a missing or stale one (``shard_bytes`` differs) is rebuilt by
-scanning the shard. Every member name is checked: absolute paths, ``..`` and links are
-rejected, and a truncated shard raises an error naming the file and the key.
+name, the byte offset of its data in the shard, its size and its CRC-32; last, the CRC-32
+of the rest of the file. The index is JSON (never a pickle). A missing or stale one
+(``shard_bytes`` differs) is rebuilt by scanning the shard; a damaged one (not JSON, a
+checksum that differs, arrays that disagree with each other or reach past ``shard_bytes``)
+is an error naming the shard and the index. Every member name is checked: absolute paths,
+``..`` and links are rejected, and a truncated shard raises an error naming the file and
+the key.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import re
 import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
@@ -34,6 +39,9 @@ from stoker.formats import _remote
 from stoker.formats._codec import CorruptRecordError, split_name
 
 INDEX_SUFFIX = ".index.json"
+_TAIL_READS = 4
+"""How many of a stream's last reads are kept, to re-read where tarfile stopped."""
+_CHECKSUM = re.compile(rb',"index_crc32":(\d+)}\s*$')
 FORMAT = "stoker-tar-index"
 VERSION = 1
 
@@ -91,31 +99,94 @@ class ShardIndex:
             "size": self.size.tolist(),
             "crc32": self.crc32.tolist(),
         }
-        return json.dumps(doc, separators=(",", ":")).encode()
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        return body[:-1] + b',"index_crc32":%d}' % zlib.crc32(body)
 
     @classmethod
     def from_json(cls, url: str, data: bytes) -> ShardIndex:
-        """Parse an index file of ``url``.
+        """Parse and check an index file of ``url``.
+
+        Every array is checked against the others and against ``shard_bytes`` (lengths,
+        order, ranges), so that a damaged index is an error here, not a huge read, a
+        negative offset or an index past an array later.
 
         Raises:
-            ValueError: when it is not a stoker tar index.
+            CorruptRecordError: when it is not a stoker tar index or is inconsistent; the
+                message names the shard and the index file.
         """
-        doc = json.loads(data)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError(f"{url + INDEX_SUFFIX!r} is not a stoker tar index.")
-        meta = {k: doc[k] for k in ("kind", "spec", "codecs", "extra") if k in doc}
-        return cls(
-            url=url,
-            shard_bytes=int(doc["shard_bytes"]),
-            keys=np.array([k.encode() for k in doc["keys"]], dtype=bytes).reshape(-1),
-            fields=list(doc["fields"]),
-            starts=np.asarray(doc["starts"], dtype=np.int64),
-            field=np.asarray(doc["field"], dtype=np.int32),
-            offset=np.asarray(doc["offset"], dtype=np.int64),
-            size=np.asarray(doc["size"], dtype=np.int64),
-            crc32=np.asarray(doc["crc32"], dtype=np.uint32),
-            meta=meta,
-        )
+        try:
+            _check_sum(data)
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+                raise ValueError(f"its format is not {FORMAT!r}")
+            meta = {k: doc[k] for k in ("kind", "spec", "codecs", "extra") if k in doc}
+            index = cls(
+                url=url,
+                shard_bytes=int(doc["shard_bytes"]),
+                keys=np.array([k.encode() for k in doc["keys"]], dtype=bytes).reshape(-1),
+                fields=[str(f) for f in doc["fields"]],
+                starts=np.asarray(doc["starts"], dtype=np.int64).reshape(-1),
+                field=np.asarray(doc["field"], dtype=np.int64).reshape(-1),
+                offset=np.asarray(doc["offset"], dtype=np.int64).reshape(-1),
+                size=np.asarray(doc["size"], dtype=np.int64).reshape(-1),
+                crc32=np.asarray(doc["crc32"], dtype=np.int64).reshape(-1),
+                meta=meta,
+            )
+            index._check()
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+            raise CorruptRecordError(
+                f"damaged index {url + INDEX_SUFFIX!r} of shard {url!r}: {exc}. Delete the "
+                "index: stoker rebuilds it from the shard."
+            ) from exc
+        index.field = index.field.astype(np.int32)
+        index.crc32 = index.crc32.astype(np.uint32)
+        return index
+
+    def _check(self) -> None:
+        """Raise ValueError unless the arrays describe members inside ``shard_bytes``."""
+        members = len(self.offset)
+        starts = self.starts
+        if len(starts) != len(self.keys) + 1 or starts[0] != 0 or starts[-1] != members:
+            raise ValueError(
+                f"{len(self.keys)} keys need {len(self.keys) + 1} sample starts from 0 to "
+                f"the {members} members, found {len(starts)}"
+            )
+        if np.any(np.diff(starts) <= 0):
+            raise ValueError("sample starts do not increase")
+        if not len(self.field) == len(self.size) == len(self.crc32) == members:
+            raise ValueError("the member arrays (field, offset, size, crc32) differ in length")
+        if members and (self.field.min() < 0 or self.field.max() >= len(self.fields)):
+            raise ValueError(f"a member's field number is not one of the {len(self.fields)}")
+        if members and (self.crc32.min() < 0 or self.crc32.max() >= 1 << 32):
+            raise ValueError("a CRC-32 is out of range")
+        ends = self.offset + self.size
+        if (
+            members
+            and (
+                self.offset.min() < 0
+                or self.size.min() < 0
+                or np.any(np.diff(self.offset) <= 0)
+                or np.any(ends < self.offset)  # an overflow of offset + size
+                or np.any(ends[:-1] > self.offset[1:])  # members overlap
+                or ends.max() > self.shard_bytes
+            )
+        ):
+            raise ValueError(
+                f"member offsets and sizes must increase and lie within the shard's "
+                f"{self.shard_bytes} bytes"
+            )
+
+
+def _check_sum(data: bytes) -> None:
+    """Check the CRC-32 that ends an index file (``,"index_crc32":N}``) against the rest:
+    any flipped bit is found, even one that leaves valid JSON (a field name, a size).
+    Indexes written before the checksum existed have none and pass.
+
+    >>> _check_sum(b'{"a":1,"index_crc32":%d}' % zlib.crc32(b'{"a":1}'))
+    """
+    m = _CHECKSUM.search(data)
+    if m is not None and zlib.crc32(data[: m.start()] + b"}") != int(m.group(1)):
+        raise ValueError("its CRC-32 does not match its content")
 
 
 class IndexBuilder:
@@ -175,16 +246,56 @@ def check_member(member: tarfile.TarInfo, where: str) -> tuple[str, str] | None:
     return key, field
 
 
+class _Tail:
+    """A read-only stream that keeps its last few reads, so that where ``tarfile`` stopped
+    can be read again: it ends a stream silently at a header that is damaged or missing
+    (the archive cut at a member boundary), as it does at the end-of-archive blocks.
+    ``tarfile`` reads whole records (``RECORDSIZE``), so the header it stopped at is in
+    the last two.
+    """
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.pos = 0
+        self.kept: collections.deque[bytes] = collections.deque(maxlen=_TAIL_READS)
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        if data:
+            self.pos += len(data)
+            self.kept.append(data)
+        return data
+
+    def rest_is_end(self, offset: int) -> bool:
+        """Whether the stream holds only NUL bytes from ``offset`` on, and some of them
+        (the end-of-archive blocks)."""
+        kept = b"".join(self.kept)
+        start = self.pos - len(kept)
+        if offset < start:
+            return False
+        rest = kept[offset - start :]
+        while True:
+            if rest.strip(b"\0"):
+                return False
+            more = self.f.read(tarfile.RECORDSIZE)
+            if not more:
+                return self.pos > offset or bool(rest)
+            self.pos += len(more)
+            rest = more
+
+
 def iter_members(f: IO[bytes], where: str) -> Iterator[tuple[str, str, int, bytes]]:
     """``(key, field, data_offset, data)`` of each file member of a tar read as a stream.
 
     Raises:
-        TruncatedShardError: when the shard ends inside a member (names file and key).
+        TruncatedShardError: when the shard ends inside a member or without its end blocks,
+            or a header is damaged (names file and key).
         ValueError: for unsafe member names (see :func:`check_member`).
     """
     last = "(before the first member)"
+    tail = _Tail(f)
     try:
-        with tarfile.open(fileobj=f, mode="r|") as tf:
+        with tarfile.open(fileobj=tail, mode="r|") as tf:  # type: ignore[call-overload]
             for member in tf:
                 checked = check_member(member, where)
                 if checked is None:
@@ -197,9 +308,14 @@ def iter_members(f: IO[bytes], where: str) -> Iterator[tuple[str, str, int, byte
                 if len(data) != member.size:
                     raise tarfile.ReadError(f"got {len(data)} of {member.size} bytes")
                 yield key, field, member.offset_data, data
+            if not tail.rest_is_end(tf.offset):
+                raise tarfile.ReadError(
+                    f"the header at byte {tf.offset} is damaged, or the archive ends there "
+                    "without its end blocks"
+                )
     except (tarfile.ReadError, EOFError, zlib.error) as exc:
         raise TruncatedShardError(
-            f"truncated or corrupt shard {where!r}: reading stopped at member {last!r} "
+            f"truncated or corrupt shard {where!r}: reading stopped after member {last!r} "
             f"({exc}). Re-download or rewrite the shard."
         ) from exc
 
@@ -237,14 +353,9 @@ def load(
         )
     shard_bytes = _remote.size(url, storage_options)
     idx_url = url + INDEX_SUFFIX
-    index = None
-    if _remote.exists(idx_url, storage_options):
-        try:
-            index = ShardIndex.from_json(url, _remote.read_bytes(idx_url, storage_options))
-        except (ValueError, KeyError, TypeError):
-            index = None  # unreadable: rebuilt below
-        if index is not None and index.shard_bytes == shard_bytes:
-            return index
+    index = read(url, storage_options)
+    if index is not None and index.shard_bytes == shard_bytes:
+        return index
     if not rebuild:
         raise FileNotFoundError(f"shard {url!r} has no current index {idx_url!r}.")
     meta = index.meta if index is not None else {}  # a stale index keeps the writer's meta
@@ -254,6 +365,49 @@ def load(
     if not _remote.is_remote(url):
         save(index, _remote.local_path(idx_url), missing_ok=True)
     return index
+
+
+def read(url: str, storage_options: Mapping[str, Any]) -> ShardIndex | None:
+    """The index file beside shard ``url``, parsed and checked; None when there is none.
+
+    Raises:
+        CorruptRecordError: when the index is damaged (see :meth:`ShardIndex.from_json`).
+    """
+    idx_url = url + INDEX_SUFFIX
+    if not _remote.exists(idx_url, storage_options):
+        return None
+    return ShardIndex.from_json(url, _remote.read_bytes(idx_url, storage_options))
+
+
+def current(url: str, storage_options: Mapping[str, Any]) -> ShardIndex | None:
+    """The index beside shard ``url`` when it describes the shard as it is now, else None
+    (no index, or a stale one: the shard's size differs)."""
+    index = read(url, storage_options)
+    if index is None or index.shard_bytes != _remote.size(url, storage_options):
+        return None
+    return index
+
+
+def verify(index: ShardIndex, member: int, data: bytes, key: str, field: str) -> None:
+    """Check the bytes read for ``member`` of ``index`` against its size and CRC-32; the
+    one check both shard readers make.
+
+    Raises:
+        TruncatedShardError: when fewer bytes came than the index says (the shard is short).
+        CorruptRecordError: when the CRC-32 differs (a damaged byte).
+    """
+    offset, size = int(index.offset[member]), int(index.size[member])
+    if len(data) != size:
+        raise TruncatedShardError(
+            f"truncated shard {index.url!r}: key {key!r}, field {field!r} needs bytes "
+            f"{offset}..{offset + size} but the file ends first. Re-download or rewrite the "
+            "shard (and delete its stale index)."
+        )
+    if zlib.crc32(data) != int(index.crc32[member]):
+        raise CorruptRecordError(
+            f"corrupt record in {index.url!r}: key {key!r}, field {field!r} does not match the "
+            "CRC-32 in its index. Re-download or rewrite the shard."
+        )
 
 
 def save(index: ShardIndex, path: str, missing_ok: bool = False) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,17 @@ FORMAT = "stoker-lmdb"
 VERSION = 1
 _COMMIT_EVERY = 256
 _INITIAL_MAP_SIZE = 1 << 30
+
+# LMDB's meta page (mdb.c of LMDB 0.9; native byte order and word size W): a page header
+# (pgno W, pad, flags, lower, upper: 2 bytes each), then MDB_meta: magic, version (4 bytes
+# each), address, map size (W each), two MDB_db records (pad 4, flags 2, depth 2, five W;
+# the first one's pad is the page size), the last page number used and the txn id (W each).
+# Pages 0 and 1 are both meta pages; LMDB uses the one with the larger txn id.
+_W = "Q" if struct.calcsize("P") == 8 else "I"
+_DB = f"IHH{_W * 5}"
+_META_PAGE = struct.Struct(f"={_W}HHHH II{_W}{_W}{_DB}{_DB}{_W}{_W}")
+_MAGIC = 0xBEEFC0DE
+_DATA_VERSION = 1
 
 
 def _lmdb() -> Any:
@@ -99,6 +111,11 @@ class LMDBWriter:
             raise IsADirectoryError(
                 f"{self.path!r} is a directory; LMDBWriter writes one file: pick a file name."
             )
+        if not isinstance(map_size, int) or map_size <= 0:
+            raise ValueError(
+                f"map_size must be a positive number of bytes, got {map_size!r}; it is only "
+                "the first size of the map, which grows as needed."
+            )
         self.layout = SampleLayout(fields, codecs)
         self.extra = dict(extra or {})
         self._keys: list[bytes] = []
@@ -127,11 +144,24 @@ class LMDBWriter:
     def open(self) -> None:
         """Create the temporary file (called by ``with``); removes stale ones of dead writers."""
         lmdb = _lmdb()
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with _remote.writing(self.path):
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
         _remote.sweep_stale(self.path)
         self._tmp = _remote.temp_name(self.path)
-        self._env = lmdb.open(
-            self._tmp, subdir=False, map_size=self._map_size, readahead=False, meminit=False
+        try:
+            self._env = lmdb.open(
+                self._tmp, subdir=False, map_size=self._map_size, readahead=False, meminit=False
+            )
+        except lmdb.Error as exc:
+            failed = self._failed(exc, "create")
+            self.abort()
+            raise failed from exc
+
+    def _failed(self, exc: BaseException, doing: str) -> OSError:
+        """An OSError naming the file for an LMDB error (read-only folder, full disk ...)."""
+        return OSError(
+            f"cannot {doing} the LMDB file {self.path!r} ({exc}); pick a folder that is "
+            "writable and has free space."
         )
 
     def write(self, sample: object) -> str:
@@ -163,6 +193,8 @@ class LMDBWriter:
             except lmdb.MapFullError:
                 self._map_size *= 2  # the transaction was aborted: grow and retry it
                 self._env.set_mapsize(self._map_size)
+            except lmdb.Error as exc:
+                raise self._failed(exc, "write") from exc
 
     def close(self) -> None:
         """Store the metadata, sync, and rename the file to its final name."""
@@ -185,11 +217,18 @@ class LMDBWriter:
             (SETS_KEY, _npy(np.asarray(self._sets, dtype=np.int32))),
             (META_KEY, json.dumps(meta).encode()),
         ]
-        self._flush()
-        self._env.sync(True)
-        self._env.close()
-        self._env = None
-        os.replace(self._tmp, self.path)
+        try:
+            self._flush()
+            try:
+                self._env.sync(True)
+            except _lmdb().Error as exc:
+                raise self._failed(exc, "sync") from exc
+            self._env.close()
+            self._env = None
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self.abort()  # a close that fails leaves no temporary or lock file behind
+            raise
         _remote._remove(self._tmp + "-lock")
         self._tmp = None
 
@@ -205,6 +244,50 @@ class LMDBWriter:
 
     def __len__(self) -> int:
         return len(self._keys)
+
+
+def check_file(path: str, subdir: bool) -> None:
+    """Check an LMDB file against its meta pages before it is mapped.
+
+    LMDB maps the whole file and trusts it: a file cut short makes a read touch a page past
+    its end, which kills the process with SIGBUS instead of raising. The newer of the two
+    meta pages says which page is the last one used; the file must reach it.
+
+    Raises:
+        ValueError: when the file is not an LMDB file (empty, text, random bytes).
+        CorruptRecordError: when it is shorter than its meta pages say (truncated).
+    """
+    file = os.path.join(path, "data.mdb") if subdir else path
+    with open(file, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        first = f.read(_META_PAGE.size)
+        meta = _META_PAGE.unpack(first) if len(first) == _META_PAGE.size else None
+        if meta is None or meta[5] != _MAGIC or meta[6] != _DATA_VERSION:
+            raise ValueError(
+                f"{file!r} is not an LMDB file (of data version {_DATA_VERSION}): its "
+                f"{size} bytes do not start with an LMDB meta page; write it with LMDBWriter "
+                "or `stoker pack SRC DST --format lmdb`."
+            )
+        psize = meta[9]
+        if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
+            raise CorruptRecordError(
+                f"corrupt LMDB file {file!r}: its meta page gives a page size of {psize}. "
+                "Copy the file again or rewrite it."
+            )
+        f.seek(psize)
+        second = f.read(_META_PAGE.size)
+    metas = [meta]
+    if len(second) == _META_PAGE.size:
+        metas.append(_META_PAGE.unpack(second))
+    newest = max((m for m in metas if m[5] == _MAGIC), key=lambda m: m[26])
+    needed = max(2, newest[25] + 1) * psize
+    if size < needed or newest[8] < needed:
+        raise CorruptRecordError(
+            f"truncated LMDB file {file!r}: its meta page says it holds {needed} bytes "
+            f"({needed // psize} pages of {psize}) in a map of {newest[8]} bytes, but it has "
+            f"{size}. It was cut short (an interrupted copy or download, a full disk): copy it "
+            "again or rewrite it; reading it as it is would crash the process (SIGBUS)."
+        )
 
 
 _ENVS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
@@ -228,18 +311,30 @@ def shared_env(path: str, subdir: bool) -> Any:
             env.close()
             env = None
         if env is None:
-            env = _lmdb().open(
-                path,
-                subdir=subdir,
-                readonly=True,
-                lock=False,
-                readahead=False,
-                meminit=False,
-                max_readers=2048,
-            )
+            check_file(path, subdir)
+            env = _open_readonly(path, subdir)
             _ENVS[key] = env
             _ENV_PIDS[key] = os.getpid()
         return env
+
+
+def _open_readonly(path: str, subdir: bool) -> Any:
+    lmdb = _lmdb()
+    try:
+        return lmdb.open(
+            path,
+            subdir=subdir,
+            readonly=True,
+            lock=False,
+            readahead=False,
+            meminit=False,
+            max_readers=2048,
+        )
+    except lmdb.Error as exc:
+        raise ValueError(
+            f"{path!r} cannot be opened as an LMDB file ({exc}); write it with LMDBWriter or "
+            "`stoker pack SRC DST --format lmdb`."
+        ) from exc
 
 
 def _npy(arr: np.ndarray[Any, Any]) -> bytes:
@@ -303,12 +398,20 @@ class LMDBDataset(Dataset[Any]):
             )
         self.path = local
         self._subdir = os.path.isdir(local)
+        if self._subdir and not os.path.isfile(os.path.join(local, "data.mdb")):
+            raise FileNotFoundError(
+                f"{local!r} is a folder without an LMDB data.mdb; pass the LMDB file itself "
+                "(or a folder LMDB wrote with subdir=True)."
+            )
         self._env: Any = None
         self._pid = -1
-        with self._open_env().begin(buffers=False) as txn:
-            raw_meta = txn.get(META_KEY)
-            raw_keys = txn.get(KEYS_KEY)
-            raw_sets = txn.get(SETS_KEY)
+        try:
+            with self._open_env().begin(buffers=False) as txn:
+                raw_meta = txn.get(META_KEY)
+                raw_keys = txn.get(KEYS_KEY)
+                raw_sets = txn.get(SETS_KEY)
+        except _lmdb().Error as exc:
+            raise self._corrupt(exc, "__stoker__/meta") from exc
         self._close_env()  # never keep a handle that a forked worker would inherit
         if raw_meta is None or raw_keys is None or raw_sets is None:
             raise ValueError(
@@ -373,16 +476,26 @@ class LMDBDataset(Dataset[Any]):
             raw[name] = value
         return raw, self.path, key
 
+    def _corrupt(self, exc: BaseException, where: str) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"corrupt LMDB file {self.path!r}: reading {where} failed ({exc}). Copy the file "
+            "again or rewrite it."
+        )
+
+    def _read(self, indices: Sequence[int]) -> list[tuple[dict[str, bytes], str, str]]:
+        """The raw fields of ``indices``, read in one transaction."""
+        try:
+            with self._open_env().begin(buffers=False) as txn:
+                return [self._raw(txn, int(i)) for i in indices]
+        except _lmdb().Error as exc:  # a damaged page: LMDB reports it, stoker names the file
+            raise self._corrupt(exc, f"samples {list(indices)[:8]}") from exc
+
     def __getitem__(self, index: int) -> Any:
-        with self._open_env().begin(buffers=False) as txn:
-            raw, file, key = self._raw(txn, int(index))
-        return self._asm.build(raw, file, key)
+        return self._asm.build(*self._read([index])[0])
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The samples at ``indices``, read in one transaction, JPEGs decoded in parallel."""
-        with self._open_env().begin(buffers=False) as txn:
-            raws = [self._raw(txn, int(i)) for i in indices]
-        return self._asm.build_batch(raws)
+        return self._asm.build_batch(self._read(indices))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -104,7 +104,8 @@ def load_factory(spec: str) -> Any:
     """The dataset made by ``"module:factory"`` (the factory is called with no argument).
 
     Raises:
-        ValueError: when ``spec`` is not ``module:attribute``.
+        ValueError: when ``spec`` is not ``module:attribute``, or names no attribute.
+        ImportError: when the module cannot be imported.
     """
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
@@ -112,8 +113,21 @@ def load_factory(spec: str) -> Any:
             f"a dataset source must be a folder or 'module:factory', got {spec!r}; e.g. "
             "'mypkg.data:make_train_set' (a callable returning a map-style dataset)."
         )
-    obj: Any = importlib.import_module(module)
+    try:
+        obj: Any = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module.startswith(exc.name):
+            raise  # the module exists, but something it imports does not
+        raise ValueError(
+            f"dataset source {spec!r} is neither a folder nor an importable 'module:factory' "
+            f"({exc}); check the path, or the module's name and sys.path."
+        ) from exc
     for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(
+                f"dataset source {spec!r}: module {module!r} has no attribute {attr!r}; name "
+                "a callable defined in it (or an image folder that exists)."
+            )
         obj = getattr(obj, part)
     return obj() if callable(obj) else obj
 
@@ -129,8 +143,16 @@ def _folder_samples(root: str) -> tuple[int, Iterator[dict[str, Any]], list[str]
 
     def gen() -> Iterator[dict[str, Any]]:
         for i, (path, target) in enumerate(pairs):
-            with open(path, "rb") as f:
-                data = f.read()
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:  # read() errors (EIO ...) carry no file name
+                raise OSError(
+                    exc.errno,
+                    f"cannot read image {i} of {root!r} ({exc.strerror or exc}); fix or "
+                    "remove the file and pack again",
+                    path,
+                ) from exc
             ext = os.path.splitext(path)[1][1:].lower()
             yield {"__key__": f"{i:09d}", ext: data, "cls": int(target)}
 
@@ -173,12 +195,23 @@ def pack(
         A summary (``str()`` of it is one line).
 
     Raises:
-        ValueError: for an unknown format or a bad source string.
+        ValueError: for an unknown format, bad shard limits, a bad source string, or a
+            ``dst`` that is ``src`` or holds it (overwriting it would delete the source).
         FileExistsError: when ``dst`` exists and ``overwrite`` is False.
     """
+    from stoker.formats._tar import check_limits
+
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}.")
+    check_limits(maxcount, maxsize)
     dst = os.path.abspath(_remote.local_path(os.fspath(dst)))
+    if isinstance(src, (str, os.PathLike)) and os.path.exists(os.fspath(src)):
+        source = os.path.realpath(os.fspath(src))
+        if os.path.commonpath([source, os.path.realpath(dst)]) == os.path.realpath(dst):
+            raise ValueError(
+                f"the output {dst!r} is the source {os.fspath(src)!r} or a folder holding "
+                "it; writing there would replace the source: pick another output."
+            )
     if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(
             f"{dst!r} already exists; pass overwrite=True (--overwrite) or pick another name."
@@ -234,10 +267,11 @@ def _pack_shards(
 ) -> list[str]:
     from stoker.formats._tar import ShardWriter
 
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    _remote.sweep_stale(dst)
     tmp = _remote.temp_name(dst)
-    os.makedirs(tmp)
+    with _remote.writing(dst):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        _remote.sweep_stale(dst)
+        os.makedirs(tmp)
     try:
         with ShardWriter(
             os.path.join(tmp, SHARD_NAME), maxcount, maxsize, fields=fields, extra=extra
@@ -275,6 +309,8 @@ def inspect(
         storage_options: keyword arguments for the fsspec filesystem of a remote ``path``
             (an endpoint, credentials ...); ignored for a local one.
     """
+    if not isinstance(samples, int) or samples < 0:
+        raise ValueError(f"samples must be a non-negative integer (keys to show), got {samples!r}.")
     url = os.fspath(path)
     local = None if _remote.is_remote(url) else _remote.local_path(url)
     if local is not None and os.path.isfile(local) and not local.endswith(".tar"):

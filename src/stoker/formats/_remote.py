@@ -25,13 +25,15 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from stoker._engine._shm import pid_alive
 
 _TMP_MARK = ".stoker-tmp-"
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_PATTERN = re.compile(r"[*?[]|\{\d+\.\.\d+\}")
+"""What makes a name a pattern: a glob character or a brace range."""
 _COPY_CHUNK = 1 << 22
 
 
@@ -135,7 +137,10 @@ def expand(
 ) -> list[str]:
     """The shard URLs named by ``urls``: a list, a brace range, a glob, or a directory.
 
-    A directory (local or remote) stands for its files ending in ``suffix``, sorted.
+    A name that exists (a file, or a directory: its files ending in ``suffix``, sorted) is
+    taken as it is, even when it holds ``[``, ``?``, ``*`` or braces: only a name that
+    names nothing is expanded as a brace range and then a glob. So ``run[1]/out`` reads
+    the folder of that name, and an explicit list of existing files is never expanded.
 
     Raises:
         FileNotFoundError: when nothing matches.
@@ -145,8 +150,7 @@ def expand(
     )
     out: list[str] = []
     for item in items:
-        for name in expand_braces(item):
-            out.extend(_expand_one(name, suffix, storage_options))
+        out.extend(_expand_one(item, suffix, storage_options))
     if not out:
         raise FileNotFoundError(
             f"no shard found for {urls!r}: pass shard paths or URLs, a brace range "
@@ -156,24 +160,42 @@ def expand(
 
 
 def _expand_one(name: str, suffix: str, storage_options: Mapping[str, Any]) -> list[str]:
-    if is_remote(name):
+    """The shards one name stands for: itself (or its listing) when it exists, else the
+    names its braces and glob characters match."""
+    remote = is_remote(name)
+    exists: Callable[[str], Any]
+    isdir: Callable[[str], Any]
+    match: Callable[[str], Any]
+    if remote:
         fs, path = filesystem(name, storage_options)
-        if any(c in path for c in "*?["):
-            return sorted(_with_protocol(name, p) for p in fs.glob(path))
-        if fs.isdir(path):
-            found = [p for p in fs.ls(path, detail=False) if p.endswith(suffix)]
-            return sorted(_with_protocol(name, p) for p in found)
-        return [name]
-    path = local_path(name)
-    if any(c in path for c in "*?["):
-        return sorted(glob.glob(path))
-    if os.path.isdir(path):
-        return sorted(
-            os.path.join(path, n)
-            for n in os.listdir(path)
-            if n.endswith(suffix) and _TMP_MARK not in n
-        )
-    return [path]
+        exists, isdir, match = fs.exists, fs.isdir, fs.glob
+
+        def listing(folder: str) -> list[str]:
+            return list(fs.ls(folder, detail=False))
+
+        def url(p: str) -> str:
+            return _with_protocol(name, p)
+    else:
+        path = local_path(name)
+        exists, isdir, match = os.path.exists, os.path.isdir, glob.glob
+
+        def listing(folder: str) -> list[str]:
+            return [os.path.join(folder, n) for n in os.listdir(folder)]
+
+        def url(p: str) -> str:
+            return p
+
+    literal = _PATTERN.search(path) is None or bool(exists(path))
+    out: list[str] = []
+    for each in [path] if literal else expand_braces(path):
+        if not literal and any(c in each for c in "*?[") and not exists(each):
+            out.extend(sorted(url(p) for p in match(each)))
+        elif isdir(each):
+            found = [p for p in listing(each) if p.endswith(suffix) and _TMP_MARK not in p]
+            out.extend(sorted(url(p) for p in found))
+        else:
+            out.append(name if literal and remote else url(each))
+    return out
 
 
 def exists(url: str, storage_options: Mapping[str, Any]) -> bool:
@@ -293,9 +315,32 @@ def sweep_stale(final: str) -> list[str]:
     return removed
 
 
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Turn an OSError raised while writing ``path`` (or its temporary file) into one of the
+    same kind whose message names ``path`` and the fix: a read-only folder, a full disk or
+    a file-size limit otherwise say no more than their errno."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None or path in str(exc):
+            raise
+        raise OSError(
+            exc.errno,
+            f"cannot write {path!r} ({exc.strerror or exc}); pick a folder that is writable "
+            "and has free space",
+            exc.filename,
+        ) from exc
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if os.path.lexists(path):  # a read-only folder refuses even a missing name (EROFS)
+            raise

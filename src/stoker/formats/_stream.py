@@ -18,8 +18,8 @@ import numpy as np
 from stoker import _random, _torch
 from stoker._dataset import IterableDataset
 from stoker._worker_info import get_worker_info
-from stoker.formats import _remote
-from stoker.formats._codec import DICT_SPEC, Assembler, spec_kind
+from stoker.formats import _index, _remote
+from stoker.formats._codec import DICT_SPEC, Assembler, CorruptRecordError, spec_kind
 from stoker.formats._index import INDEX_SUFFIX, ShardIndex, iter_members
 
 RawSample = tuple[dict[str, bytes], str, str]
@@ -51,13 +51,20 @@ def _rank_world() -> tuple[int, int]:
 
 
 def group_samples(
-    url: str, cache_dir: str | None, storage_options: Mapping[str, Any]
+    url: str, cache_dir: str | None, storage_options: Mapping[str, Any], verify: bool = True
 ) -> Iterator[RawSample]:
-    """The samples of shard ``url`` in order, as ``({field: bytes}, url, key)``."""
+    """The samples of shard ``url`` in order, as ``({field: bytes}, url, key)``.
+
+    With ``verify`` and a current index beside the shard, each member is checked against
+    it as :class:`~stoker.formats.ShardDataset` checks (size and CRC-32).
+    """
+    index = _index.current(url, storage_options) if verify else None
     fields: dict[str, bytes] = {}
     current: str | None = None
     with _remote.open_stream(url, cache_dir, storage_options) as f:
-        for key, field, _, data in iter_members(f, url):
+        for key, field, offset, data in iter_members(f, url):
+            if index is not None:
+                _index.verify(index, _member_at(index, offset, key, field), data, key, field)
             if current is not None and (key != current or field in fields):
                 yield fields, url, current
                 fields = {}
@@ -65,6 +72,22 @@ def group_samples(
             fields[field] = data
     if current is not None:
         yield fields, url, current
+
+
+def _member_at(index: ShardIndex, offset: int, key: str, field: str) -> int:
+    """The member of ``index`` whose data starts at ``offset``.
+
+    Raises:
+        CorruptRecordError: when the index has none (it does not describe this shard).
+    """
+    m = int(np.searchsorted(index.offset, offset))
+    if m >= len(index.offset) or int(index.offset[m]) != offset:
+        raise CorruptRecordError(
+            f"corrupt shard or index {index.url!r}: member {key}.{field} at byte {offset} is "
+            f"not in the index {index.url + INDEX_SUFFIX!r}. Re-download or rewrite the shard, "
+            "or delete the index to rebuild it."
+        )
+    return m
 
 
 def shuffle_buffer(
@@ -117,7 +140,8 @@ class ShardIterable(IterableDataset[Any]):
     worker (a list of the workers' states is accepted by ``load_state_dict``).
 
     Args:
-        urls: shard paths or URLs (a list, brace range, glob or directory).
+        urls: shard paths or URLs (a list, brace range, glob or directory; a name that
+            exists is never expanded, as for :class:`ShardDataset`).
         fields: the read spec; default: the writer's (from the first shard's index, when
             present), else the whole dict.
         shuffle_shards: permute the shards each epoch.
@@ -125,6 +149,9 @@ class ShardIterable(IterableDataset[Any]):
         seed: the int seed, or None (see above).
         transform, target_transform, decode: as for :class:`ShardDataset`.
         cache_dir: local folder for remote shards; without it they are streamed.
+        verify: check each member's size and CRC-32 against the shard's index, when a
+            current one lies beside the shard (as :class:`ShardDataset` does); it costs one
+            read of the index per shard and pass.
         storage_options: keyword arguments for the fsspec filesystem of remote ``urls``
             (an endpoint, credentials ...); ignored for local paths. Kept and pickled as
             for :class:`ShardDataset`, so ``spawn`` and ``forkserver`` workers use them.
@@ -145,6 +172,7 @@ class ShardIterable(IterableDataset[Any]):
         target_transform: Callable[[Any], Any] | None = None,
         decode: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        verify: bool = True,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(buffer_size, int) or buffer_size < 0:
@@ -158,6 +186,7 @@ class ShardIterable(IterableDataset[Any]):
         self.seed = seed
         self.epoch = 0
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.verify = verify
         meta = _first_meta(self.urls[0], self.storage_options)
         spec = list(fields) if fields is not None else list(meta.get("spec", [DICT_SPEC]))
         kind = meta.get("kind", "dict") if fields is None else spec_kind(spec, None)
@@ -196,7 +225,8 @@ class ShardIterable(IterableDataset[Any]):
         def samples() -> Iterator[RawSample]:
             n = 0
             for url in urls:
-                for sample in group_samples(url, self.cache_dir, self.storage_options):
+                shard = group_samples(url, self.cache_dir, self.storage_options, self.verify)
+                for sample in shard:
                     if stride == 1 or n % stride == cid:
                         yield sample
                     n += 1
@@ -262,11 +292,10 @@ class ShardIterable(IterableDataset[Any]):
 
 
 def _first_meta(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
-    """The writer's metadata from ``url``'s index file, or {} when it has none."""
-    idx = url + INDEX_SUFFIX
-    try:
-        if not _remote.exists(idx, storage_options):
-            return {}
-        return ShardIndex.from_json(url, _remote.read_bytes(idx, storage_options)).meta
-    except (ValueError, KeyError, TypeError):
-        return {}
+    """The writer's metadata from ``url``'s index file, or {} when it has none.
+
+    Raises:
+        CorruptRecordError: when the index is damaged.
+    """
+    index = _index.read(url, storage_options)
+    return {} if index is None else index.meta

@@ -25,11 +25,10 @@ from stoker.formats import _index, _remote
 from stoker.formats._codec import (
     DICT_SPEC,
     Assembler,
-    CorruptRecordError,
     SampleLayout,
     spec_kind,
 )
-from stoker.formats._index import INDEX_SUFFIX, IndexBuilder, ShardIndex, TruncatedShardError
+from stoker.formats._index import INDEX_SUFFIX, IndexBuilder, ShardIndex
 
 _BLOCK = 512
 _MAX_OPEN = 64
@@ -41,6 +40,18 @@ def _tar_header(name: str, size: int) -> bytes:
     info.mode = 0o444
     info.mtime = 0  # reproducible shards: the same samples give the same bytes
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def check_limits(maxcount: int, maxsize: float) -> None:
+    """Check a shard writer's limits: a positive int count and a positive number of bytes.
+
+    Raises:
+        ValueError: naming the limit and the value found.
+    """
+    if not isinstance(maxcount, int) or isinstance(maxcount, bool) or maxcount <= 0:
+        raise ValueError(f"maxcount must be a positive integer, got {maxcount!r}.")
+    if not isinstance(maxsize, (int, float)) or not maxsize > 0:
+        raise ValueError(f"maxsize must be a positive number of bytes, got {maxsize!r}.")
 
 
 class ShardWriter:
@@ -87,10 +98,7 @@ class ShardWriter:
                 f"pattern must hold one %d-style slot for the shard number, got {pattern!r}; "
                 "e.g. 'out/train-%06d.tar'."
             ) from exc
-        if not isinstance(maxcount, int) or maxcount <= 0:
-            raise ValueError(f"maxcount must be a positive integer, got {maxcount!r}.")
-        if not maxsize > 0:
-            raise ValueError(f"maxsize must be a positive number of bytes, got {maxsize!r}.")
+        check_limits(maxcount, maxsize)
         self.pattern = pattern
         self.maxcount = maxcount
         self.maxsize = float(maxsize)
@@ -135,7 +143,8 @@ class ShardWriter:
             _remote.sweep_stale(final)
             tmp = _remote.temp_name(final)
         self._final, self._tmp = final, tmp
-        self._file = open(tmp, "wb")  # noqa: SIM115 - stays open across write() calls
+        with _remote.writing(final):
+            self._file = open(tmp, "wb")  # noqa: SIM115 - stays open across write() calls
         self._builder = IndexBuilder(final)
         self._pos = 0
         self._count = 0
@@ -152,21 +161,27 @@ class ShardWriter:
             self._finish()
         if self._file is None:
             self._start()
-        assert self._file is not None and self._builder is not None
-        for name, data in fields.items():
-            header = headers[name]
-            pad = -len(data) % _BLOCK
-            self._file.write(header)
-            self._file.write(data)
-            self._file.write(b"\0" * pad)
-            offset = self._pos + len(header)
-            self._builder.add(key, name, offset, len(data), zlib.crc32(data))
-            self._pos = offset + len(data) + pad
+        assert self._file is not None and self._builder is not None and self._final is not None
+        with _remote.writing(self._final):
+            for name, data in fields.items():
+                header = headers[name]
+                pad = -len(data) % _BLOCK
+                self._file.write(header)
+                self._file.write(data)
+                self._file.write(b"\0" * pad)
+                offset = self._pos + len(header)
+                self._builder.add(key, name, offset, len(data), zlib.crc32(data))
+                self._pos = offset + len(data) + pad
         self._count += 1
         self.total += 1
         return key
 
     def _finish(self) -> None:
+        assert self._final is not None
+        with _remote.writing(self._final):
+            self._finish_shard()
+
+    def _finish_shard(self) -> None:
         assert self._file is not None and self._builder is not None
         assert self._tmp is not None and self._final is not None
         self._file.write(b"\0" * (2 * _BLOCK))
@@ -190,14 +205,23 @@ class ShardWriter:
             _remote._remove(self._tmp)
         else:
             _index.save(index, self._final + INDEX_SUFFIX)
-            os.replace(self._tmp, self._final)
+            try:
+                os.replace(self._tmp, self._final)
+            except BaseException:
+                _remote._remove(self._final + INDEX_SUFFIX)  # no index without its shard
+                raise
         self.shards.append(self._final)
         self._tmp = None
 
     def close(self) -> None:
-        """Finish the last shard (an empty writer writes none) and clean up."""
+        """Finish the last shard (an empty writer writes none) and clean up; when that
+        fails, the unfinished shard's temporary file is removed too."""
         if self._file is not None:
-            self._finish()
+            try:
+                self._finish()
+            except BaseException:
+                self.abort()
+                raise
         if self._local_dir is not None:
             _remote._remove(self._local_dir)
             self._local_dir = None
@@ -205,7 +229,8 @@ class ShardWriter:
     def abort(self) -> None:
         """Drop the shard being written; finished shards stay."""
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a full disk fails the flush again: moot
+                self._file.close()
             self._file = None
         if self._tmp is not None:
             _remote._remove(self._tmp)
@@ -302,7 +327,8 @@ class ShardDataset(Dataset[Any]):
 
     Args:
         urls: shard paths or URLs: a list, a brace range (``"s-{000000..000009}.tar"``),
-            a glob, or a directory of ``*.tar``.
+            a glob, or a directory of ``*.tar``. A name that exists is read as it is, even
+            with ``[``, ``?`` or ``*`` in it; only one that names nothing is expanded.
         fields: the read spec; default: the writer's, or the whole dict for shards
             written elsewhere.
         transform: applied to the first entry of each sample.
@@ -389,19 +415,9 @@ class ShardDataset(Dataset[Any]):
         raw = {}
         for name in wanted:
             m = lo + names.index(name)
-            offset, size = int(ix.offset[m]), int(ix.size[m])
-            data = files.read(ix.url, offset, size)
-            if len(data) != size:
-                raise TruncatedShardError(
-                    f"truncated shard {ix.url!r}: key {key!r}, field {name!r} needs bytes "
-                    f"{offset}..{offset + size} but the file ends first. Re-download or "
-                    "rewrite the shard (and delete its stale index)."
-                )
-            if self.verify and zlib.crc32(data) != int(ix.crc32[m]):
-                raise CorruptRecordError(
-                    f"corrupt record in {ix.url!r}: key {key!r}, field {name!r} does not "
-                    "match the CRC-32 in its index. Re-download or rewrite the shard."
-                )
+            data = files.read(ix.url, int(ix.offset[m]), int(ix.size[m]))
+            if self.verify or len(data) != int(ix.size[m]):
+                _index.verify(ix, m, data, key, name)
             raw[name] = data
         return raw, ix.url, key
 
