@@ -1,4 +1,5 @@
-"""Tests of the fused fast path's torch resampler and its FusedBatch (stoker.vision._fused)."""
+"""Tests of the fused fast path's torch resampler (where the C one is not built) and its
+FusedBatch (stoker.vision._fused)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def photos(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Records every resize through torch (the thread count it ran with)."""
+    """Records every resize through torch (the thread count it ran with), with stoker's C
+    resampler off: torch's kernel is what resamples without it."""
+    monkeypatch.setattr(_fused, "_NATIVE_RESAMPLE", False)
     seen: list[int] = []
     resize = _fused._torch_resize
 

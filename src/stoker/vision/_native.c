@@ -308,11 +308,11 @@ static PyObject *normalize(PyObject *self, PyObject *args) {
  * columns the other reads. So the output is Pillow's byte for byte, and within 1 of
  * torch's antialiased kernels (which round their weights to 16 bits).
  *
- * Both passes run as one kernel, `convolve_rows`: output row i is the weighted sum of
- * consecutive input rows, computed across the whole row at once, 32 bytes at a time with
- * AVX2 where the CPU has it (chosen at import), else in plain C. The horizontal pass runs
- * it on the transposed image (columns become rows); the image is transposed back before
- * the vertical pass. */
+ * The vertical pass (`convolve_rows`): output row i is the weighted sum of consecutive
+ * input rows, across the whole row at once, 32 bytes at a time with AVX2. The horizontal
+ * pass (`horizontal3_avx2`): two rows at once, four taps per load, 16-bit multiply-adds on
+ * split weights. The instruction set is chosen at import (AVX2 where the CPU has it); the
+ * plain C kernels do the rest (greyscale's horizontal pass, rows' ends, other CPUs). */
 
 #define PRECISION_BITS 22
 
@@ -481,42 +481,116 @@ static void convolve_rows(const unsigned char *src, ptrdiff_t src_stride, unsign
         convolve_scalar(src, src_stride, dst, dst_stride, done, n, rows, bounds, kk, ksize);
 }
 
-/* dst[x][y] = src[y][x] for pixels of `c` bytes: `rows` x `cols` pixels in, src rows
- * `src_stride` bytes apart, dst rows (cols of src) `dst_stride` bytes apart. In tiles, so
- * that both sides stay in cache. */
-static void transpose(const unsigned char *src, ptrdiff_t src_stride, unsigned char *dst,
-                      ptrdiff_t dst_stride, int rows, int cols, int c) {
-    enum { TILE = 32 };
-    for (int y0 = 0; y0 < rows; y0 += TILE)
-        for (int x0 = 0; x0 < cols; x0 += TILE) {
-            int y1 = y0 + TILE < rows ? y0 + TILE : rows, x1 = x0 + TILE < cols ? x0 + TILE : cols;
-            for (int x = x0; x < x1; x++) {
-                const unsigned char *s = src + (ptrdiff_t)y0 * src_stride + (ptrdiff_t)x * c;
-                unsigned char *d = dst + (ptrdiff_t)x * dst_stride + (ptrdiff_t)y0 * c;
-                if (c == 3)
-                    for (int y = y0; y < y1; y++, s += src_stride, d += 3) {
-                        d[0] = s[0];
-                        d[1] = s[1];
-                        d[2] = s[2];
-                    }
-                else
-                    for (int y = y0; y < y1; y++, s += src_stride)
-                        *d++ = *s;
-            }
+/* The horizontal pass in plain C, as Pillow computes it: `rows` rows of `src`, each output
+ * pixel the weighted sum of `bounds[2 i + 1]` pixels from bounds[2 i] on, per channel. */
+static void horizontal_scalar(const unsigned char *src, ptrdiff_t src_stride, int rows, int c,
+                              unsigned char *dst, ptrdiff_t dst_stride, int ow,
+                              const int *bounds, const int32_t *kk, int ksize) {
+    for (int y = 0; y < rows; y++) {
+        const unsigned char *row = src + (ptrdiff_t)y * src_stride;
+        unsigned char *out = dst + (ptrdiff_t)y * dst_stride;
+        for (int xx = 0; xx < ow; xx++) {
+            const unsigned char *p = row + (ptrdiff_t)bounds[2 * xx] * c;
+            const int32_t *k = kk + (size_t)xx * ksize;
+            int32_t acc[3] = {1 << (PRECISION_BITS - 1), 1 << (PRECISION_BITS - 1),
+                              1 << (PRECISION_BITS - 1)};
+            for (int t = 0; t < bounds[2 * xx + 1]; t++, p += c)
+                for (int ch = 0; ch < c; ch++)
+                    acc[ch] += p[ch] * k[t];
+            for (int ch = 0; ch < c; ch++)
+                out[xx * c + ch] = clip8(acc[ch]);
         }
+    }
 }
 
-/* The horizontal pass on `rows` rows of `src` (from column x0 on; bounds_h relative to x0,
- * reading `cols` columns): transposed into `a`, convolved into `b`, transposed back into
- * `dst`. `a` holds cols x rows pixels, `b` ow x rows. */
-static void horizontal_pass(const unsigned char *src, ptrdiff_t src_stride, int rows, int cols,
-                            int c, unsigned char *dst, ptrdiff_t dst_stride, int ow,
-                            const int *bounds_h, const int32_t *kk_h, int ks_h,
-                            unsigned char *a, unsigned char *b, int portable) {
-    size_t n = (size_t)rows * c; /* one transposed row: a column of the rows */
-    transpose(src, src_stride, a, (ptrdiff_t)n, rows, cols, c);
-    convolve_rows(a, (ptrdiff_t)n, b, (ptrdiff_t)n, n, ow, bounds_h, kk_h, ks_h, portable);
-    transpose(b, (ptrdiff_t)n, dst, dst_stride, ow, rows, c);
+#ifdef HAVE_AVX2_ROWS
+/* The horizontal pass of an RGB image with AVX2: two rows at once (one per 128-bit lane),
+ * four taps per 16-byte load, shuffled into 16-bit (pixel, next pixel) pairs per channel
+ * and multiplied-and-added in pairs (pmaddwd). Pillow's 22-bit weights do not fit 16 bits,
+ * so each is split as k = 2048 kh + kl (0 <= kl < 2048) and the two sums are joined
+ * exactly: the result is Pillow's. A load never reads past `src_len` bytes from `src`
+ * (such pixels take the plain C path). Returns 0, having done nothing, without memory. */
+__attribute__((target("avx2"))) static int horizontal3_avx2(
+    const unsigned char *src, ptrdiff_t src_stride, size_t src_len, int rows,
+    unsigned char *dst, ptrdiff_t dst_stride, int ow, const int *bounds, const int32_t *kk,
+    int ksize) {
+    int k4 = (ksize + 3) / 4 * 4; /* taps per pixel, padded with zero weights */
+    int16_t *kh = malloc(sizeof(int16_t) * 2 * (size_t)ow * k4), *kl = kh + (size_t)ow * k4;
+    if (kh == NULL)
+        return 0;
+    for (int xx = 0; xx < ow; xx++)
+        for (int t = 0; t < k4; t++) {
+            int32_t k = t < ksize ? kk[(size_t)xx * ksize + t] : 0;
+            kh[(size_t)xx * k4 + t] = (int16_t)(k >> 11);
+            kl[(size_t)xx * k4 + t] = (int16_t)(k & 2047);
+        }
+    const __m256i lo = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1,
+                                        -1, 0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1,
+                                        -1, -1);
+    const __m256i hi = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1,
+                                        -1, -1, 6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1,
+                                        -1, -1, -1);
+    const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+    for (int y = 0; y < rows; y += 2) {
+        int y1 = y + 1 < rows ? y + 1 : y; /* an odd last row pairs with itself */
+        const unsigned char *r0 = src + (ptrdiff_t)y * src_stride;
+        const unsigned char *r1 = src + (ptrdiff_t)y1 * src_stride;
+        size_t room = src_len - (size_t)((ptrdiff_t)y1 * src_stride); /* readable from r1 */
+        unsigned char *d0 = dst + (ptrdiff_t)y * dst_stride, *d1 = dst + (ptrdiff_t)y1 * dst_stride;
+        for (int xx = 0; xx < ow; xx++) {
+            int xmin = bounds[2 * xx], count = bounds[2 * xx + 1];
+            if ((size_t)(xmin + (count - 1) / 4 * 4) * 3 + 16 > room) {
+                /* this pixel of both rows: one row each, one output pixel */
+                const int32_t *k = kk + (size_t)xx * ksize;
+                horizontal_scalar(r0, 0, 1, 3, d0 + 3 * xx, 0, 1, bounds + 2 * xx, k, ksize);
+                horizontal_scalar(r1, 0, 1, 3, d1 + 3 * xx, 0, 1, bounds + 2 * xx, k, ksize);
+                continue;
+            }
+            const unsigned char *p0 = r0 + 3 * xmin, *p1 = r1 + 3 * xmin;
+            const int16_t *h = kh + (size_t)xx * k4, *l = kl + (size_t)xx * k4;
+            __m256i sh = _mm256_setzero_si256(), sl = _mm256_setzero_si256();
+            for (int t = 0; t < count; t += 4) {
+                __m256i v = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 3 * t))),
+                    _mm_loadu_si128((const __m128i *)(p1 + 3 * t)), 1);
+                __m256i a = _mm256_shuffle_epi8(v, lo), b = _mm256_shuffle_epi8(v, hi);
+                int32_t h01, h23, l01, l23;
+                memcpy(&h01, h + t, 4);
+                memcpy(&h23, h + t + 2, 4);
+                memcpy(&l01, l + t, 4);
+                memcpy(&l23, l + t + 2, 4);
+                sh = _mm256_add_epi32(sh, _mm256_add_epi32(
+                                              _mm256_madd_epi16(a, _mm256_set1_epi32(h01)),
+                                              _mm256_madd_epi16(b, _mm256_set1_epi32(h23))));
+                sl = _mm256_add_epi32(sl, _mm256_add_epi32(
+                                              _mm256_madd_epi16(a, _mm256_set1_epi32(l01)),
+                                              _mm256_madd_epi16(b, _mm256_set1_epi32(l23))));
+            }
+            __m256i acc = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(sh, 11), sl), half);
+            acc = _mm256_srai_epi32(acc, PRECISION_BITS);
+            acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
+            int32_t px0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
+            int32_t px1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
+            memcpy(d0 + 3 * xx, &px0, 3);
+            memcpy(d1 + 3 * xx, &px1, 3);
+        }
+    }
+    free(kh);
+    return 1;
+}
+#endif
+
+/* The horizontal pass: `rows` rows of `src` (`src_len` bytes readable from it) into `dst`. */
+static void horizontal_pass(const unsigned char *src, ptrdiff_t src_stride, size_t src_len,
+                            int rows, int c, unsigned char *dst, ptrdiff_t dst_stride, int ow,
+                            const int *bounds, const int32_t *kk, int ksize, int portable) {
+#ifdef HAVE_AVX2_ROWS
+    if (c == 3 && have_avx2 && !portable &&
+        horizontal3_avx2(src, src_stride, src_len, rows, dst, dst_stride, ow, bounds, kk,
+                         ksize))
+        return;
+#endif
+    horizontal_scalar(src, src_stride, rows, c, dst, dst_stride, ow, bounds, kk, ksize);
 }
 
 /* An image argument: rows of `width` pixels of `channels` contiguous bytes, `stride` apart. */
@@ -644,34 +718,34 @@ static PyObject *resample(PyObject *self, PyObject *args) {
                       ks_v, portable);
         goto done;
     }
-    /* the horizontal pass's rows: all of src's (y0 .. y1 of it) or the vertical pass's */
-    int rows = !need_v ? ih : vertical_first ? oh : y1 - y0;
-    size_t a_len = (size_t)(x1 - x0) * rows * c, b_len = (size_t)ow * rows * c;
-    size_t mid_len = !need_v ? 0 : vertical_first ? (size_t)oh * (x1 - x0) * c : b_len;
-    scratch = malloc(a_len + b_len + mid_len);
+    /* the bytes readable from src's start, and from the first pixel the passes read */
+    size_t src_len = (size_t)(ih - 1) * (size_t)in.stride + (size_t)iw * c;
+    const unsigned char *corner = src + (ptrdiff_t)x0 * c;
+    size_t mid_len = vertical_first ? (size_t)oh * (x1 - x0) * c : (size_t)(y1 - y0) * ow * c;
+    if (!need_v) {
+        horizontal_pass(corner, in.stride, src_len - (size_t)x0 * c, ih, c, dst, out.stride,
+                        ow, bounds_h, kk_h, ks_h, portable);
+        goto done;
+    }
+    scratch = malloc(mid_len);
     if (!scratch) {
         failed = 1;
         goto done;
     }
-    unsigned char *a = scratch, *b = scratch + a_len, *mid = b + b_len;
-    if (!need_v) {
-        horizontal_pass(src + (ptrdiff_t)x0 * c, in.stride, ih, x1 - x0, c, dst, out.stride,
-                        ow, bounds_h, kk_h, ks_h, a, b, portable);
-    } else if (vertical_first) { /* columns x0 .. x1 only: the others are never read */
+    if (vertical_first) { /* columns x0 .. x1 only: the others are never read */
         ptrdiff_t mid_stride = (ptrdiff_t)(x1 - x0) * c;
-        convolve_rows(src + (ptrdiff_t)x0 * c, in.stride, mid, mid_stride, (size_t)mid_stride,
-                      oh, bounds_v, kk_v, ks_v, portable);
-        horizontal_pass(mid, mid_stride, oh, x1 - x0, c, dst, out.stride, ow, bounds_h, kk_h,
-                        ks_h, a, b, portable);
-    } else {
-        ptrdiff_t mid_stride = (ptrdiff_t)ow * c;
-        horizontal_pass(src + (ptrdiff_t)y0 * in.stride + (ptrdiff_t)x0 * c, in.stride,
-                        y1 - y0, x1 - x0, c, mid, mid_stride, ow, bounds_h, kk_h, ks_h, a, b,
-                        portable);
+        convolve_rows(corner, in.stride, scratch, mid_stride, (size_t)mid_stride, oh, bounds_v,
+                      kk_v, ks_v, portable);
+        horizontal_pass(scratch, mid_stride, mid_len, oh, c, dst, out.stride, ow, bounds_h,
+                        kk_h, ks_h, portable);
+    } else { /* rows y0 .. y1 only */
+        ptrdiff_t mid_stride = (ptrdiff_t)ow * c, skip = (ptrdiff_t)y0 * in.stride;
+        horizontal_pass(corner + skip, in.stride, src_len - (size_t)x0 * c - (size_t)skip,
+                        y1 - y0, c, scratch, mid_stride, ow, bounds_h, kk_h, ks_h, portable);
         for (int i = 0; i < oh; i++)
             bounds_v[2 * i] -= y0;
-        convolve_rows(mid, mid_stride, dst, out.stride, (size_t)mid_stride, oh, bounds_v, kk_v,
-                      ks_v, portable);
+        convolve_rows(scratch, mid_stride, dst, out.stride, (size_t)mid_stride, oh, bounds_v,
+                      kk_v, ks_v, portable);
     }
 done:
     free(bounds_h);
