@@ -504,12 +504,50 @@ static void horizontal_scalar(const unsigned char *src, ptrdiff_t src_stride, in
 }
 
 #ifdef HAVE_AVX2_ROWS
-/* The horizontal pass of an RGB image with AVX2: two rows at once (one per 128-bit lane),
- * four taps per 16-byte load, shuffled into 16-bit (pixel, next pixel) pairs per channel
- * and multiplied-and-added in pairs (pmaddwd). Pillow's 22-bit weights do not fit 16 bits,
- * so each is split as k = 2048 kh + kl (0 <= kl < 2048) and the two sums are joined
- * exactly: the result is Pillow's. A load never reads past `src_len` bytes from `src`
- * (such pixels take the plain C path). Returns 0, having done nothing, without memory. */
+/* Output pixel `xx` of two rows (`r0` in the low 128-bit lane, `r1` in the high one) into
+ * `d0` and `d1`: four taps per 16-byte load, shuffled into 16-bit (pixel, next pixel) pairs
+ * per channel and multiplied-and-added in pairs (pmaddwd), on the split weights `h`, `l`
+ * (k = 2048 h + l, 0 <= l < 2048: Pillow's 22-bit weights do not fit 16 bits), the two
+ * sums joined exactly. `last` says this is the row's last pixel: only 3 bytes are stored
+ * (else 4, the fourth overwritten by the next pixel). */
+__attribute__((target("avx2"))) static inline void pixel_pair(
+    const unsigned char *r0, const unsigned char *r1, unsigned char *d0, unsigned char *d1,
+    int count, const int16_t *h, const int16_t *l, int last) {
+    const __m256i lo = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1,
+                                        -1, 0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1,
+                                        -1, -1);
+    const __m256i hi = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1,
+                                        -1, -1, 6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1,
+                                        -1, -1, -1);
+    __m256i sh = _mm256_setzero_si256(), sl = _mm256_setzero_si256();
+    for (int t = 0; t < count; t += 4) {
+        __m256i v = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r0 + 3 * t))),
+            _mm_loadu_si128((const __m128i *)(r1 + 3 * t)), 1);
+        __m256i a = _mm256_shuffle_epi8(v, lo), b = _mm256_shuffle_epi8(v, hi);
+        int32_t h01, h23, l01, l23;
+        memcpy(&h01, h + t, 4);
+        memcpy(&h23, h + t + 2, 4);
+        memcpy(&l01, l + t, 4);
+        memcpy(&l23, l + t + 2, 4);
+        sh = _mm256_add_epi32(sh, _mm256_add_epi32(_mm256_madd_epi16(a, _mm256_set1_epi32(h01)),
+                                                   _mm256_madd_epi16(b, _mm256_set1_epi32(h23))));
+        sl = _mm256_add_epi32(sl, _mm256_add_epi32(_mm256_madd_epi16(a, _mm256_set1_epi32(l01)),
+                                                   _mm256_madd_epi16(b, _mm256_set1_epi32(l23))));
+    }
+    __m256i acc = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(sh, 11), sl),
+                                   _mm256_set1_epi32(1 << (PRECISION_BITS - 1)));
+    acc = _mm256_srai_epi32(acc, PRECISION_BITS);
+    acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
+    int32_t px0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
+    int32_t px1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
+    memcpy(d0, &px0, last ? 3 : 4);
+    memcpy(d1, &px1, last ? 3 : 4);
+}
+
+/* The horizontal pass of an RGB image with AVX2, two rows at a time (see pixel_pair): the
+ * result is Pillow's. A load never reads past `src_len` bytes from `src` (such pixels take
+ * the plain C path). Returns 0, having done nothing, without memory. */
 __attribute__((target("avx2"))) static int horizontal3_avx2(
     const unsigned char *src, ptrdiff_t src_stride, size_t src_len, int rows,
     unsigned char *dst, ptrdiff_t dst_stride, int ow, const int *bounds, const int32_t *kk,
@@ -518,25 +556,30 @@ __attribute__((target("avx2"))) static int horizontal3_avx2(
     int16_t *kh = malloc(sizeof(int16_t) * 2 * (size_t)ow * k4), *kl = kh + (size_t)ow * k4;
     if (kh == NULL)
         return 0;
-    for (int xx = 0; xx < ow; xx++)
+    size_t reach = 0; /* how far past a row's start the loads of its pixels read */
+    for (int xx = 0; xx < ow; xx++) {
         for (int t = 0; t < k4; t++) {
             int32_t k = t < ksize ? kk[(size_t)xx * ksize + t] : 0;
             kh[(size_t)xx * k4 + t] = (int16_t)(k >> 11);
             kl[(size_t)xx * k4 + t] = (int16_t)(k & 2047);
         }
-    const __m256i lo = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1,
-                                        -1, 0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1,
-                                        -1, -1);
-    const __m256i hi = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1,
-                                        -1, -1, 6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1,
-                                        -1, -1, -1);
-    const __m256i half = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));
+        size_t r = (size_t)(bounds[2 * xx] + (bounds[2 * xx + 1] - 1) / 4 * 4) * 3 + 16;
+        reach = r > reach ? r : reach;
+    }
     for (int y = 0; y < rows; y += 2) {
         int y1 = y + 1 < rows ? y + 1 : y; /* an odd last row pairs with itself */
         const unsigned char *r0 = src + (ptrdiff_t)y * src_stride;
         const unsigned char *r1 = src + (ptrdiff_t)y1 * src_stride;
         size_t room = src_len - (size_t)((ptrdiff_t)y1 * src_stride); /* readable from r1 */
         unsigned char *d0 = dst + (ptrdiff_t)y * dst_stride, *d1 = dst + (ptrdiff_t)y1 * dst_stride;
+        if (room >= reach) { /* every row but the last few */
+            for (int xx = 0; xx < ow; xx++) {
+                const unsigned char *p = r0 + 3 * bounds[2 * xx];
+                pixel_pair(p, p + (r1 - r0), d0 + 3 * xx, d1 + 3 * xx, bounds[2 * xx + 1],
+                           kh + (size_t)xx * k4, kl + (size_t)xx * k4, xx == ow - 1);
+            }
+            continue;
+        }
         for (int xx = 0; xx < ow; xx++) {
             int xmin = bounds[2 * xx], count = bounds[2 * xx + 1];
             if ((size_t)(xmin + (count - 1) / 4 * 4) * 3 + 16 > room) {
@@ -546,33 +589,8 @@ __attribute__((target("avx2"))) static int horizontal3_avx2(
                 horizontal_scalar(r1, 0, 1, 3, d1 + 3 * xx, 0, 1, bounds + 2 * xx, k, ksize);
                 continue;
             }
-            const unsigned char *p0 = r0 + 3 * xmin, *p1 = r1 + 3 * xmin;
-            const int16_t *h = kh + (size_t)xx * k4, *l = kl + (size_t)xx * k4;
-            __m256i sh = _mm256_setzero_si256(), sl = _mm256_setzero_si256();
-            for (int t = 0; t < count; t += 4) {
-                __m256i v = _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 3 * t))),
-                    _mm_loadu_si128((const __m128i *)(p1 + 3 * t)), 1);
-                __m256i a = _mm256_shuffle_epi8(v, lo), b = _mm256_shuffle_epi8(v, hi);
-                int32_t h01, h23, l01, l23;
-                memcpy(&h01, h + t, 4);
-                memcpy(&h23, h + t + 2, 4);
-                memcpy(&l01, l + t, 4);
-                memcpy(&l23, l + t + 2, 4);
-                sh = _mm256_add_epi32(sh, _mm256_add_epi32(
-                                              _mm256_madd_epi16(a, _mm256_set1_epi32(h01)),
-                                              _mm256_madd_epi16(b, _mm256_set1_epi32(h23))));
-                sl = _mm256_add_epi32(sl, _mm256_add_epi32(
-                                              _mm256_madd_epi16(a, _mm256_set1_epi32(l01)),
-                                              _mm256_madd_epi16(b, _mm256_set1_epi32(l23))));
-            }
-            __m256i acc = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(sh, 11), sl), half);
-            acc = _mm256_srai_epi32(acc, PRECISION_BITS);
-            acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
-            int32_t px0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
-            int32_t px1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
-            memcpy(d0 + 3 * xx, &px0, 3);
-            memcpy(d1 + 3 * xx, &px1, 3);
+            pixel_pair(r0 + 3 * xmin, r1 + 3 * xmin, d0 + 3 * xx, d1 + 3 * xx, count,
+                       kh + (size_t)xx * k4, kl + (size_t)xx * k4, 1);
         }
     }
     free(kh);
