@@ -541,8 +541,13 @@ __attribute__((target("avx2"))) static inline void pixel_pair(
     acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
     int32_t px0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
     int32_t px1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
-    memcpy(d0, &px0, last ? 3 : 4);
-    memcpy(d1, &px1, last ? 3 : 4);
+    if (last) {
+        memcpy(d0, &px0, 3);
+        memcpy(d1, &px1, 3);
+    } else { /* one 4-byte store each, where a 3-byte one would be two stores */
+        memcpy(d0, &px0, 4);
+        memcpy(d1, &px1, 4);
+    }
 }
 
 /* The horizontal pass of an RGB image with AVX2, two rows at a time (see pixel_pair): the
@@ -573,11 +578,15 @@ __attribute__((target("avx2"))) static int horizontal3_avx2(
         size_t room = src_len - (size_t)((ptrdiff_t)y1 * src_stride); /* readable from r1 */
         unsigned char *d0 = dst + (ptrdiff_t)y * dst_stride, *d1 = dst + (ptrdiff_t)y1 * dst_stride;
         if (room >= reach) { /* every row but the last few */
-            for (int xx = 0; xx < ow; xx++) {
+            int xx = 0;
+            for (; xx < ow - 1; xx++) {
                 const unsigned char *p = r0 + 3 * bounds[2 * xx];
                 pixel_pair(p, p + (r1 - r0), d0 + 3 * xx, d1 + 3 * xx, bounds[2 * xx + 1],
-                           kh + (size_t)xx * k4, kl + (size_t)xx * k4, xx == ow - 1);
+                           kh + (size_t)xx * k4, kl + (size_t)xx * k4, 0);
             }
+            const unsigned char *p = r0 + 3 * bounds[2 * xx];
+            pixel_pair(p, p + (r1 - r0), d0 + 3 * xx, d1 + 3 * xx, bounds[2 * xx + 1],
+                       kh + (size_t)xx * k4, kl + (size_t)xx * k4, 1);
             continue;
         }
         for (int xx = 0; xx < ow; xx++) {
