@@ -380,3 +380,39 @@ def test_resample_rejects_what_it_cannot_do() -> None:
     ro.flags.writeable = False
     with pytest.raises((ValueError, BufferError)):
         _native.resample(src, ro, box, 2)
+
+
+@needs_native
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_the_fused_path_resamples_in_c_with_torch_imported_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """RandomResizedCrop and Resize + CenterCrop resample with the C kernel, not torch's nor
+    Pillow's, whether or not torch is imported, and give Pillow's bytes (the fused path
+    without the C resampler, Pillow's filter)."""
+    pytest.importorskip("torch")  # imported: the C kernel must still be the one that runs
+    (tmp_path / "c").mkdir()
+    for i, (h, w) in enumerate([(375, 500), (120, 90)]):
+        Image.fromarray(_photo(h, w, i)).save(tmp_path / "c" / f"{i}.jpg", quality=90)
+    interpolation = T.InterpolationMode(mode)
+    geometries = [
+        [T.RandomResizedCrop(64, interpolation=interpolation)],
+        [T.Resize(80, interpolation=interpolation), T.CenterCrop(64)],
+    ]
+    calls: list[object] = []
+    kernel = _native.resample
+    monkeypatch.setattr(_native, "resample", lambda *a: calls.append(a) or kernel(*a))
+    monkeypatch.setattr(_fused, "_torch_resize", lambda *a: pytest.fail("torch resampled"))
+    for geometry in geometries:
+        ds = V.ImageFolder(tmp_path, transform=T.Compose([*geometry, T.ToTensor()]))
+        random.seed(0)
+        with_c = [np.array(ds[i][0]) for i in range(len(ds))]
+        assert len(calls) == len(ds)
+        calls.clear()
+        with monkeypatch.context() as m:
+            m.setattr(_fused, "_NATIVE_RESAMPLE", False)
+            m.setattr(_fused, "_TORCH_RESAMPLE", False)
+            random.seed(0)
+            by_pillow = [np.array(ds[i][0]) for i in range(len(ds))]
+        assert calls == []
+        assert all(np.array_equal(a, b) for a, b in zip(with_c, by_pillow, strict=True))
