@@ -76,6 +76,66 @@ def cases(S: Any, V: Any) -> list[tuple[str, Any, Any]]:
     return pairs
 
 
+RESAMPLE_CASES = [  # (name, source h x w x channels, output h x w, crop (top, left, h, w) or None)
+    ("down 375x500 -> 224x224", (375, 500, 3), (224, 224), None),
+    ("down 300x400 crop -> 224", (375, 500, 3), (224, 224), (31, 57, 300, 400)),
+    ("up 60x80 -> 224x224", (60, 80, 3), (224, 224), None),
+    ("up and down 150x90 -> 97x131", (150, 90, 3), (97, 131), None),
+    ("odd 101x77 -> 33x59", (101, 77, 3), (33, 59), None),
+    ("odd 37x211 -> 211x37", (37, 211, 3), (211, 37), None),
+    ("1xN 1x500 -> 1x37", (1, 500, 3), (1, 37), None),
+    ("Nx1 500x1 -> 37x1", (500, 1, 3), (37, 1), None),
+    ("1xN up 1x40 -> 7x300", (1, 40, 3), (7, 300), None),
+    ("extreme 17x600 -> 224x224", (17, 600, 3), (224, 224), None),
+    ("extreme 600x9 -> 224x224", (600, 9, 3), (224, 224), None),
+    ("1-pixel crop -> 224x224", (150, 200, 3), (224, 224), (70, 90, 1, 1)),
+    ("1x2-pixel crop -> 5x9", (150, 200, 3), (5, 9), (10, 20, 1, 2)),
+    ("greyscale down 375x500 -> 224x224", (375, 500, 1), (224, 224), None),
+    ("greyscale up 31x45 -> 100x64", (31, 45, 1), (100, 64), None),
+    ("greyscale 1-pixel crop -> 8x8", (31, 45, 1), (8, 8), (3, 4, 1, 1)),
+]
+
+
+def check_resampler(V: Any, F: Any, torch: Any) -> float:
+    """Print stoker's C resampler against torchvision (PIL and tensor); the worst PIL
+    difference in [0, 1] units (tensors are reported, within 1/255 of PIL by torch's own
+    rounding of its weights to 16 bits)."""
+    from stoker.vision import _fused
+
+    native = _fused._native
+    if native is None:
+        print("stoker's C resampler is not built here: nothing to compare.")
+        return 0.0
+    print(f"stoker's C resampler ({native.RESAMPLE_KERNEL}) vs torchvision resize")
+    worst = 0.0
+    modes = [
+        ("bilinear", V.InterpolationMode.BILINEAR, 2),
+        ("bicubic", V.InterpolationMode.BICUBIC, 3),
+    ]
+    modes += [("lanczos", V.InterpolationMode.LANCZOS, 1)]
+    for name, (h, w, c), (oh, ow), crop in RESAMPLE_CASES:
+        arr = np.array(_photo(h, w, h * w))
+        arr = np.ascontiguousarray(arr[..., :1]) if c == 1 else arr
+        top, left, ch, cw = crop if crop is not None else (0, 0, h, w)
+        pil = Image.fromarray(arr[..., 0] if c == 1 else arr)
+        for mode_name, mode, flt in modes:
+            out = np.empty((oh, ow, c), np.uint8)
+            native.resample(arr[top : top + ch, left : left + cw], out, (0.0, 0.0, cw, ch), flt)
+            ref = np.asarray(F.resized_crop(pil, top, left, ch, cw, [oh, ow], mode))
+            ref = ref.reshape(oh, ow, c).astype(np.int16)
+            d_pil = int(np.abs(out.astype(np.int16) - ref).max())
+            worst = max(worst, d_pil / 255.0)
+            tensor_note = ""
+            if mode_name != "lanczos":  # torch has no antialiased lanczos for tensors
+                t = torch.from_numpy(arr).permute(2, 0, 1).contiguous()  # as decode_image gives
+                r = F.resized_crop(t, top, left, ch, cw, [oh, ow], mode, antialias=True)
+                d_t = int(np.abs(out.astype(np.int16) - r.permute(1, 2, 0).numpy()).max())
+                tensor_note = f", tensor {d_t}/255"
+            flag = "ok" if d_pil <= 1 else "FAIL"
+            print(f"  {name:<36} {mode_name:<9} max diff: PIL {d_pil}/255{tensor_note}  {flag}")
+    return worst
+
+
 def as_unit_array(x: Any) -> np.ndarray:
     """An output (PIL image, array or tensor) as float64 C x H x W."""
     if hasattr(x, "numpy"):
@@ -141,6 +201,10 @@ def main() -> int:
                 f"  {label:<48} max diff {mx:.6f} mean {mean:.6f}  {flag}"
                 + ("  (reduced-scale decode: documented, not held to 1/255)" if dct else "")
             )
+    import torch
+    from torchvision.transforms import functional as F
+
+    worst = max(worst, check_resampler(V, F, torch))
     print(f"worst difference {worst:.6f} ({worst * 255:.2f}/255)")
     return 0 if worst <= TOLERANCE else 1
 

@@ -1,4 +1,5 @@
-"""Tests of the fused fast path's torch resampler and its FusedBatch (stoker.vision._fused)."""
+"""Tests of the fused fast path's torch resampler (where the C one is not built) and its
+FusedBatch (stoker.vision._fused)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def photos(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Records every resize through torch (the thread count it ran with)."""
+    """Records every resize through torch (the thread count it ran with), with stoker's C
+    resampler off: torch's kernel is what resamples without it."""
+    monkeypatch.setattr(_fused, "_NATIVE_RESAMPLE", False)
     seen: list[int] = []
     resize = _fused._torch_resize
 
@@ -160,13 +163,19 @@ def _counted(fn: Any, calls: list[object]) -> Any:
 
 
 def test_fast_path_never_imports_torch(photos: Path) -> None:
-    """Without torch imported, the fast path resamples with Pillow and does not import torch."""
+    """Without torch imported, the fast path resamples with stoker's C kernel where it is
+    built (else Pillow) and does not import torch."""
     code = (
         "import sys\n"
-        "from stoker.vision import ImageFolder, transforms as T\n"
+        "from stoker.vision import ImageFolder, _fused, transforms as T\n"
+        "calls = []\n"
+        "if _fused._native is not None:\n"
+        "    kernel = _fused._native.resample\n"
+        "    _fused._native.resample = lambda *a: calls.append(a) or kernel(*a)\n"
         f"ds = ImageFolder({str(photos)!r}, transform=T.Compose([T.Resize(32), T.ToTensor()]))\n"
         "assert ds[0][0].shape[0] == 3 and len(ds.__getitems__([0, 1])) == 2\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert len(calls) == (3 if _fused._native is not None else 0), calls\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

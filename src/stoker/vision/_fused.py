@@ -24,10 +24,13 @@ shuffles, else a table of the 256 values per channel: NumPy's values bit for bit
 third of NumPy's time). Without them, simplejpeg decodes the image's full width down to
 the crop's bottom row, and NumPy or torch normalise: the same values, bit for bit.
 
-The resampler: when torch is already imported (it is never imported for this), the
-bilinear resampling of a RandomResizedCrop crop on whole pixels runs torch's antialiased
-uint8 kernel, about a third of Pillow's cost; on 300 crops of W4's photos it was within
-1/255 of Pillow's result (about 4% of values one level apart). Everything else stays on
+The resampler: stoker's C kernel (``_native.resample``) where it is built, whether or not
+torch is imported: Pillow's antialiased filters (all but NEAREST) byte for byte, AVX2 where
+the CPU has it, releasing the GIL, from the decoded array straight into this thread's uint8
+image (no copy into a Pillow image, no fresh memory). Without it: when torch is already
+imported (it is never imported for this), the bilinear resampling of a RandomResizedCrop
+crop on whole pixels runs torch's antialiased uint8 kernel (within 1/255 of Pillow's
+result: about 4% of values one level apart on W4's crops), and everything else runs on
 Pillow, whose filter runs on just the rectangle it reads, copied into a Pillow image:
 Resize [+ CenterCrop], which must match torchvision (torch's kernel resizing the whole
 image came within 2/255 of it, not 1/255), other filters (torch's bicubic differs by up to
@@ -48,7 +51,8 @@ within 13/255; set ``_FAST_RANDOM_DECODE`` to False for the exact pixels), stops
 below the crop (about 14% less decode time on average, the same pixels), and decodes at
 1/2, 1/4 or 1/8 DCT scale when the crop is still at least the output size at that scale
 (DCT scaling averages blocks where the full decode plus antialiased resize filters them: a
-mean difference of about 2/255). Set ``_TORCH_RESAMPLE`` to False for Pillow everywhere.
+mean difference of about 2/255). Without the C kernels, set ``_TORCH_RESAMPLE`` to False for
+Pillow everywhere.
 
 Batches: ``ImageFolder.__getitems__`` draws every sample's parameters first, in index
 order in the calling thread, then runs the decodes and resamples in a small thread pool
@@ -81,6 +85,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import PIL
 from PIL import Image
 
 from stoker import _torch, _worker_info
@@ -107,11 +112,28 @@ _PLAIN_COLORSPACES = ("YCbCr", "Gray", "RGB")
 _MAX_THREADS = 8
 _FAST_RANDOM_DECODE = True
 """Whether RandomResizedCrop decodes with the fast IDCT and upsampling (read by :func:`plan`)."""
+_NATIVE_RESAMPLE = True
+"""Whether stoker's C resampler runs where it is built (see :func:`_resample`)."""
 _TORCH_RESAMPLE = True
-"""Whether bilinear resampling uses torch's uint8 kernel when torch is already imported."""
+"""Whether bilinear resampling uses torch's uint8 kernel when torch is already imported (and
+the C resampler does not run)."""
 _TORCH_NORMALIZE = True
 """Whether ToTensor + Normalize run on torch's kernels where torch is imported and runs one
 thread (see :func:`_torch_may_normalize`)."""
+_NATIVE_FILTERS = frozenset(
+    int(f)
+    for f in (
+        Image.Resampling.LANCZOS,
+        Image.Resampling.BILINEAR,
+        Image.Resampling.BICUBIC,
+        Image.Resampling.BOX,
+        Image.Resampling.HAMMING,
+    )
+)
+"""Pillow's filters that the C resampler computes as Pillow does (all but NEAREST)."""
+_PILLOW_13_ORDER = int(PIL.__version__.split(".")[0]) >= 13
+"""Whether the installed Pillow orders a resize's two passes as Pillow 13 does (the C
+resampler follows it, so that its bytes are this Pillow's)."""
 _local = threading.local()  # per thread: the reusable batch arrays
 
 
@@ -274,8 +296,8 @@ def pixels(p: FusedPlan, job: Job, out: np.ndarray[Any, Any] | None = None) -> n
     Args:
         p: the plan.
         job: the image and its random draws.
-        out: a C-contiguous output-sized H x W x 3 uint8 array that torch's resample
-            writes into, so that no image takes fresh memory. The result (``out``,
+        out: a C-contiguous output-sized H x W x 3 uint8 array that the C resampler (or
+            torch's) writes into, so that no image takes fresh memory. The result (``out``,
             Pillow's array, or a view of this thread's decode buffer when a crop of
             exactly the output size needs no resample) is valid until this thread's next
             decode: use it before then.
@@ -392,14 +414,16 @@ def _resample(
 ) -> np.ndarray[Any, Any]:
     """The job's box of the decoded ``src`` resampled to the output size, as H x W x 3 uint8.
 
-    ``src`` is the scaled image, or only its part from ``origin`` = (row, column) on. torch
-    writes its result into ``out`` when it is given; the other paths return their own.
+    ``src`` is the scaled image, or only its part from ``origin`` = (row, column) on. stoker's
+    C resampler and torch write the result into ``out`` when it is given; Pillow returns its
+    own.
 
     With ``crop_first`` (RandomResizedCrop) the filter sees only the crop, as when the plain
     path crops and then resizes; otherwise (Resize [+ CenterCrop]) it sees the pixels around
-    the box too, as when the plain path resizes the whole image and then crops. Pillow
-    resamples only the rectangle the filter reads; torch (see :func:`_torch_for`) resamples
-    a random crop on whole pixels.
+    the box too, as when the plain path resizes the whole image and then crops. Only the
+    rectangle the filter reads is resampled: by stoker's C resampler where it is built (any
+    filter but NEAREST: Pillow's bytes, from the decoded array itself), else by Pillow, or
+    by torch for a random crop on whole pixels (see :func:`_torch_for`).
     """
     height, width = job.size
     dh, dw = _decode.decoded_size(src)  # dh may stop below the box (see decode_scaled)
@@ -422,6 +446,13 @@ def _resample(
     exact = (rl, rt, rr, rb) == (x0, y0, x1, y1)
     if exact and (rb - rt, rr - rl) == (oh, ow) and isinstance(src, np.ndarray):
         return src[rt:rb, rl:rr]  # nothing to resample
+    native = _native is not None and _NATIVE_RESAMPLE and flt in _NATIVE_FILTERS
+    if native and isinstance(src, np.ndarray):
+        assert _native is not None
+        dst = np.empty((oh, ow, 3), np.uint8) if out is None else out
+        box = (x0 - rl, y0 - rt, x1 - rl, y1 - rt)  # the box in the region, as Pillow's
+        _native.resample(src[rt:rb, rl:rr], dst, box, flt, _PILLOW_13_ORDER)
+        return dst
     torch = _torch_for(flt) if crop_first and exact else None
     if torch is not None and isinstance(src, np.ndarray):
         return _torch_resize(torch, src[rt:rb, rl:rr], oh, ow, out)

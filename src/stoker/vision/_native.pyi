@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from typing import Any
 
 LIBJPEG_TURBO_VERSION: int
+RESAMPLE_KERNEL: str
 
 def decode(
     data: Any,
@@ -23,4 +24,12 @@ def normalize(
     vflip: bool,
     scale: Sequence[float],
     offset: Sequence[float],
+) -> None: ...
+def resample(
+    src: Any,
+    out: Any,
+    box: tuple[float, float, float, float],
+    filter: int,
+    newer_order: bool = True,
+    portable: bool = False,
 ) -> None: ...
