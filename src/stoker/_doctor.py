@@ -264,14 +264,9 @@ def _pillow_turbo() -> str:
 
 
 def _instruction_set(native: Any) -> str | None:
-    """The instruction set the extension chose at run time, where it reports one."""
-    for name in ("instruction_set", "simd", "isa"):
-        value = getattr(native, name, None)
-        if callable(value):
-            value = value()
-        if value:
-            return str(value)
-    return None
+    """The resampler kernel the extension chose at run time (``"avx2"`` or ``"c"``)."""
+    kernel = getattr(native, "RESAMPLE_KERNEL", None)
+    return str(kernel) if kernel else None
 
 
 def _meminfo() -> dict[str, int]:
