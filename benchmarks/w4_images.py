@@ -14,14 +14,18 @@ workers, both also run with persistent workers (no process start-up per epoch). 
 image counts the workers too. grain, torchdata's StatefulDataLoader and SPDL run torchvision's
 dataset and transforms (they have no image pipeline of their own) where installed
 (``benchmarks/peers.py``); ``--front torch`` builds stoker's contenders from ``stoker.torch``.
+``--numpy`` adds "stoker numpy" contenders: stoker in a child process that never imports torch
+and hands the loop NumPy batches, as a JAX or NumPy user runs it (``_serve_numpy``).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -160,6 +164,54 @@ def stoker_contender(
     return lambda: _epoch(loader)
 
 
+def _serve_numpy(root: str, workers: int, persistent: bool) -> None:
+    """The "stoker numpy" child: one epoch per line read on stdin, its counts as one JSON line
+    on stdout; torch is never imported (checked after every epoch)."""
+    import stoker
+    from stoker.vision import ImageFolder
+    from stoker.vision import transforms as T
+
+    tf = T.Compose(
+        [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+    )
+    loader = stoker.DataLoader(
+        ImageFolder(root, transform=tf),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=persistent,
+    )
+    for _ in sys.stdin:
+        counts = _epoch(loader)
+        assert "torch" not in sys.modules, "the NumPy-only stoker process imported torch"
+        print(json.dumps(counts), flush=True)
+
+
+def numpy_contender(root: Path, workers: int, persistent: bool = False) -> harness.Run:
+    """stoker in a child process without torch (NumPy batches), one epoch per call."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve-numpy", str(root), str(workers), str(persistent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    stdin, stdout = child.stdin, child.stdout
+
+    def run() -> dict[str, float]:
+        stdin.write("run\n")
+        stdin.flush()
+        line = stdout.readline()
+        if not line:
+            raise RuntimeError(f"the stoker numpy child exited with {child.wait()}")
+        counts: dict[str, float] = json.loads(line)
+        return counts
+
+    return run
+
+
 def main() -> None:
     """Parse the command line, build the folder, and compare per worker count."""
     import argparse
@@ -168,6 +220,7 @@ def main() -> None:
     extra.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     extra.add_argument("--images", type=int, default=512)
     extra.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "stoker_w4"))
+    extra.add_argument("--numpy", action="store_true", help="add the NumPy-only stoker process")
     ours, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = harness.cli(__doc__.splitlines()[0], repeats=5, front=True)
@@ -182,11 +235,17 @@ def main() -> None:
         except NotImplementedError as exc:
             print(f"\nstoker with num_workers={workers} is not available yet: {exc}")
             continue
+        if ours.numpy:
+            contenders["stoker numpy"] = numpy_contender(root, workers)
         if workers:  # workers kept from one epoch to the next: no start-up per run
             contenders["torch persistent"] = torch_contender(root, workers, persistent=True)
             contenders["stoker persistent"] = stoker_contender(
                 root, workers, persistent=True, stoker=front
             )
+            if ours.numpy:
+                contenders["stoker numpy persistent"] = numpy_contender(
+                    root, workers, persistent=True
+                )
         contenders = peers.add(contenders, peer_contenders(root, workers))
         record = harness.compare(
             f"w4_images_{workers}w",
@@ -207,4 +266,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--serve-numpy"]:
+        _serve_numpy(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "True")
+    else:
+        main()
