@@ -253,3 +253,20 @@ def test_lightning_rebuilds_a_loader_made_in_a_hook() -> None:
     rebuilt = pl_data._update_dataloader(loader, sampler)
     assert type(rebuilt) is S.DataLoader and rebuilt.batch_sampler.sampler is sampler
     assert [b[0].tolist() for b in rebuilt] == [[0, 2], [4, 6]]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_distributed_sampler_gives_torchs_shards(shuffle: bool, drop_last: bool) -> None:
+    """stoker.torch's DistributedSampler gives each rank torch's indices, epoch after epoch."""
+    for rank in range(3):
+        ours = S.DistributedSampler(
+            range(10), num_replicas=3, rank=rank, shuffle=shuffle, seed=5, drop_last=drop_last
+        )
+        theirs = T.DistributedSampler(
+            range(10), num_replicas=3, rank=rank, shuffle=shuffle, seed=5, drop_last=drop_last
+        )
+        for epoch in range(3):
+            ours.set_epoch(epoch)
+            theirs.set_epoch(epoch)
+            assert list(ours) == list(theirs) and len(ours) == len(theirs)

@@ -182,7 +182,7 @@ class DistributedSampler(Sampler[int]):
         """This rank's indices for the current epoch, as an int64 array."""
         n = len(self.dataset)
         if self.shuffle:
-            order = rng(self.seed % _U64, operator.index(self.epoch) % _U64).permutation(n)
+            order = self._permutation(n)
         else:
             order = np.arange(n, dtype=np.int64)
         total = self.total_size
@@ -191,6 +191,10 @@ class DistributedSampler(Sampler[int]):
         elif n > 0:
             order = np.resize(order, total)  # repeats the order from its start
         return order[self.rank : total : self.num_replicas].astype(np.int64, copy=False)
+
+    def _permutation(self, n: int) -> IndexArray:
+        """The epoch's shuffled order of ``n`` indices, the same on every rank."""
+        return rng(self.seed % _U64, operator.index(self.epoch) % _U64).permutation(n)
 
     @_fast_iter
     def __iter__(self) -> Iterator[int]:

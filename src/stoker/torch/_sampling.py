@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import torch
 import torch.utils.data as torch_data
 
 from stoker import _distributed, _sampler
@@ -58,4 +59,11 @@ class BatchSampler(_sampler.BatchSampler, Sampler[list[int]], torch_data.BatchSa
 class DistributedSampler(  # type: ignore[misc]
     _distributed.DistributedSampler, Sampler[int], torch_data.DistributedSampler[Any]
 ):
-    """This rank's share of the indices: stoker's ``DistributedSampler``, also torch's."""
+    """This rank's share of the indices: stoker's ``DistributedSampler``, also torch's, with
+    torch's shuffle (``randperm`` on a generator seeded ``seed + epoch``), so ranks switched
+    from torch's sampler see the same samples in the same order."""
+
+    def _permutation(self, n: int) -> Any:
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(n, generator=g).numpy()
