@@ -181,10 +181,7 @@ class DistributedSampler(Sampler[int]):
     def _epoch_indices(self) -> IndexArray:
         """This rank's indices for the current epoch, as an int64 array."""
         n = len(self.dataset)
-        if self.shuffle:
-            order = self._permutation(n)
-        else:
-            order = np.arange(n, dtype=np.int64)
+        order = self._permutation(n) if self.shuffle else np.arange(n, dtype=np.int64)
         total = self.total_size
         if n >= total:
             order = order[:total]
