@@ -17,10 +17,15 @@ untouched: for a slow batch, whether the global RNGs were left alone, else None)
 (a group of tiny batches, task indices ``index``, ``index + 1``, ...: the payload is their
 list, a :class:`RemoteError` in place of each that raised; skipped: None or a list),
 ``("end", generation, index)`` (an iterable dataset is exhausted) or
-``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
-``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` + ``(kept,)`` last of
-all (kept: ``(name, size)`` of slots the main process never saw, left for it to keep, see
-``WorkerArgs.hand_off``).
+``("err", generation, index, RemoteError)``; :data:`READY` once started (``timeout``
+counts from it), :data:`INITED` after ``worker_init_fn`` (when there is one), or
+``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` + ``(kept, why)``
+last of all (kept: ``(name, size)`` of slots left for the main process to keep: those it
+never saw, see ``WorkerArgs.hand_off``, or, from a worker ending early, those it may not
+have mapped yet; why: None, or what ended the worker early, e.g. ``sys.exit()`` in the
+dataset). A worker ends early, as in torch, when the dataset or ``worker_init_fn`` raises
+a ``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``...):
+a process exits with its code, a thread ends; the main process reports a dead worker.
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ from stoker._worker_info import WorkerInfo, set_worker_info
 _PR_SET_PDEATHSIG = 1
 BYE = ("bye", -1, -3)
 """A worker's last message: its slots are closed and it is exiting."""
+READY = ("ready", -1, -2)
+"""A worker is up (imports, seeding done); next it runs ``worker_init_fn``, if any."""
+INITED = ("inited", -1, -4)
+"""A worker's ``worker_init_fn`` returned."""
 _INDICES_SHOWN = 16
 
 _NEW_EPOCH_WAIT_S = 1.0
@@ -222,7 +231,7 @@ def _set_torch_worker_info(info: WorkerInfo) -> None:
         )
 
 
-def _start(args: WorkerArgs, whole_process: bool) -> None:
+def _setup(args: WorkerArgs, whole_process: bool) -> None:
     info = WorkerInfo(args.worker_id, args.num_workers, args.seed, args.fetcher.dataset)
     set_worker_info(info, whole_process=whole_process)
     if whole_process:
@@ -230,8 +239,37 @@ def _start(args: WorkerArgs, whole_process: bool) -> None:
             _torch.require("a worker of a process that uses torch")
         _set_torch_worker_info(info)
         seed_globals(args.seed, every_device=True)
-    if args.worker_init_fn is not None:
-        args.worker_init_fn(args.worker_id)
+
+
+class _Ended(Exception):
+    """A worker ends early: the dataset or ``worker_init_fn`` raised ``exc``, a
+    ``BaseException`` that is not an ``Exception`` (``sys.exit()``, ``KeyboardInterrupt``...),
+    or stoker's own worker code failed; ``remote`` says so to the main process."""
+
+    def __init__(self, exc: BaseException, where: str) -> None:
+        super().__init__(where)
+        self.exc = exc
+        self.remote = RemoteError(exc, where, keep_object=True)  # for its summary()
+
+
+def _init(args: WorkerArgs, who: str, send: Callable[[Any], None], keep_object: bool) -> bool:
+    """Run ``worker_init_fn`` (then send :data:`INITED`); False when it raised an Exception
+    (sent as the start-up error), :class:`_Ended` for any other BaseException."""
+    init = args.worker_init_fn
+    if init is None:
+        return True
+    try:
+        init(args.worker_id)
+    except _ParentDied:
+        raise
+    except Exception as exc:
+        send(("err", -1, -1, RemoteError(exc, f"{who} start-up", keep_object=keep_object)))
+        return False
+    except BaseException as exc:
+        name = getattr(init, "__qualname__", type(init).__qualname__)
+        raise _Ended(exc, f"{who}'s worker_init_fn {name}") from None
+    send(INITED)
+    return True
 
 
 def _reset_fetcher(fetcher: MapFetcher | IterableFetcher) -> None:
@@ -276,18 +314,21 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
     """
     # Ctrl-C reaches the whole process group; the main process decides and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    arena = Arena(args.prefix, args.keep_free, args.window, args.steady)
+    arena = Arena(args.prefix, args.keep_free, args.window, args.steady, args.num_workers)
     arena.adopt(args.warm)
     args.warm = []
     kept: list[tuple[str, int]] = []
+    ended: _Ended | None = None
     try:
         _watch_parent()
         try:
-            _start(args, whole_process=True)
+            _setup(args, whole_process=True)
         except Exception as exc:
             conn.send(("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up")))
             return
-        conn.send(("ready", -1, -2))
+        conn.send(READY)
+        if not _init(args, f"worker {args.worker_id} (pid {os.getpid()})", conn.send, False):
+            return
         outbox = Outbox(conn)
         try:
             _serve(args, conn, outbox, arena)
@@ -297,6 +338,10 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
             kept = arena.hand_off()
     except (_ParentDied, EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone: clean up below and exit quietly
+    except _Ended as exc:
+        ended = exc
+        # Batches sent just before: the main process maps (and unlinks) their slots.
+        kept = arena.leave_sent()
     finally:
         # An idle worker sees end-of-file *and* gets the parent-death signal: the signal
         # must not interrupt the cleanup it would trigger.
@@ -305,14 +350,18 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         # This worker writes no slot from here on: the main process may hand them on and
         # stop waiting (it reaps the exit, ~5 ms of address-space teardown, in the back).
         try:
-            conn.send((*BYE, kept))
+            conn.send((*BYE, kept, ended.remote.summary() if ended is not None else None))
         except (OSError, ValueError):  # nobody to take them: unlink them too
             unlink_prefix(args.prefix)
         # What is left is the exit: tearing down this copy of the main process's address
         # space (~5 ms with torch loaded). At the lowest priority, it waits for a free core
         # instead of taking one from the main process or the other workers still loading.
-        with contextlib.suppress(OSError):
-            os.nice(19)
+        # A worker ending early exits at once: the main process waits for its exit code.
+        if ended is None:
+            with contextlib.suppress(OSError):
+                os.nice(19)
+    if ended is not None:  # exit as the dataset asked (its code), else with 1; quietly:
+        raise ended.exc if isinstance(ended.exc, SystemExit) else SystemExit(1)  # told already
 
 
 def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
@@ -348,14 +397,22 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
             outbox.send(("end", gen, index))
             continue
         if type(seed) is tuple:  # a group of tiny batches: one slot, one message
-            for reply in _fetch_group(args, arena, gen, index, task, seed, bool(pending)):
+            try:
+                replies = _fetch_group(args, arena, gen, index, task, seed, bool(pending))
+            except _ParentDied:
+                raise
+            except BaseException as exc:  # as for a single batch (below)
+                arena.abort()
+                raise _Ended(exc, _where(args, None)) from None
+            for reply in replies:
                 outbox.send(reply)
             continue
         started = time.perf_counter()
         if fetcher.draws:
             seed_globals(seed)
-        arena.begin(ahead=bool(pending))
         try:
+            # Inside: making the slot (for a later batch too) may find /dev/shm full.
+            arena.begin(ahead=bool(pending))
             data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
             slot, payload = encode(data, arena)
             del data
@@ -370,6 +427,11 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
             arena.abort()
             outbox.send(("err", gen, index, RemoteError(exc, _where(args, task))))
             continue
+        except _ParentDied:
+            raise
+        except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
+            arena.abort()
+            raise _Ended(exc, _where(args, task)) from None
         busy = time.perf_counter() - started
         retired = arena.take_retired()
         # For a slow batch, whether the dataset left the global RNGs alone: then its parts
@@ -397,7 +459,11 @@ def _fetch_group(
     base, epoch, ks = seed
     fetcher = args.fetcher
     started = time.perf_counter()
-    arena.begin(ahead=ahead)
+    try:
+        arena.begin(ahead=ahead)  # may find /dev/shm full: every batch of the group says so
+    except Exception as exc:
+        err = RemoteError(exc, _where(args, None))
+        return [("err", gen, index + j, err) for j in range(len(tasks))]
     batches: list[Any] = []
     skips: list[Any] = []
     seeds = batch_seeds(base, epoch, ks) if fetcher.draws else [None] * len(tasks)
@@ -441,22 +507,40 @@ def _stop_iteration_error(args: WorkerArgs, task: Any) -> RemoteError:
 def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
     """A worker thread: the same loop as a process, passing batch objects (in-process).
 
+    Whatever the dataset throws that is not an ``Exception`` (``sys.exit()``,
+    ``KeyboardInterrupt``...) ends the thread as it would end a process: its last message,
+    :data:`BYE` with what ended it, tells the main process that the worker is dead.
+
     Args:
         args: the worker's settings.
         inbox: a ``queue.SimpleQueue`` of tasks (``None`` stops the thread).
         outbox: the queue shared by all threads, of ``(worker_id, message)``.
     """
     wid = args.worker_id
+    try:
+        _serve_thread(args, inbox, outbox)
+    except _Ended as exc:
+        outbox.put((wid, (*BYE, None, exc.remote.summary())))
+    except BaseException as exc:  # stoker's own code failed: still a dead worker, saying why
+        outbox.put((wid, (*BYE, None, RemoteError(exc, f"worker thread {wid}").summary())))
+    finally:
+        set_worker_info(None, whole_process=False)
+
+
+def _serve_thread(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
+    wid = args.worker_id
     fetcher = args.fetcher
     iterable = isinstance(fetcher, IterableFetcher)
     generation = None
     try:
-        _start(args, whole_process=False)
+        _setup(args, whole_process=False)
     except Exception as exc:
         where = f"worker thread {wid} start-up"
         outbox.put((wid, ("err", -1, -1, RemoteError(exc, where, keep_object=True))))
         return
-    outbox.put((wid, ("ready", -1, -2)))
+    outbox.put((wid, READY))
+    if not _init(args, f"worker thread {wid}", lambda msg: outbox.put((wid, msg)), True):
+        return
     board = args.board
     assert args.rng_guard is not None and board is not None
     alloc = args.buffers.alloc if args.buffers is not None else None
@@ -464,45 +548,44 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
     split = whole
     if isinstance(fetcher, MapFetcher):
         split = functools.partial(fetcher.fetch_skipping, alloc=alloc, map_fn=board.map)
-    try:
-        while True:
-            msg = board.next_message(wid, inbox)
-            if msg is None:
-                return
-            if msg[0] == "help":  # samples of another thread's slow batch
-                msg[1].work()
-                continue
-            gen, index, task, seed, _freed = msg
-            if gen != generation:
-                generation = gen
-                _reset_fetcher(fetcher)
-            if iterable and fetcher.ended:  # type: ignore[union-attr]
-                outbox.put((wid, ("end", gen, index)))
-                continue
-            started = time.perf_counter()
-            try:
-                if fetcher.draws:
-                    data, skipped = args.rng_guard.fetch(split, task, seed, whole)
-                else:
-                    data, skipped = split(task)
-                if args.pin_device is not None and data is not None:
-                    data = pin(data, args.pin_device)
-            except StopIteration:
-                reply: tuple[Any, ...] = ("end", gen, index)
-                if not iterable:
-                    err = _stop_iteration_error(args, task)
-                    err.exc = RuntimeError(err.text)
-                    reply = ("err", gen, index, err)
-                outbox.put((wid, reply))
-                continue
-            except Exception as exc:
-                where = f"worker thread {wid} on sample indices {_task_text(task)}"
-                outbox.put((wid, ("err", gen, index, RemoteError(exc, where, keep_object=True))))
-                continue
-            busy = time.perf_counter() - started
-            outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped, None)))
-    finally:
-        set_worker_info(None, whole_process=False)
+    while True:
+        msg = board.next_message(wid, inbox)
+        if msg is None:
+            return
+        if msg[0] == "help":  # samples of another thread's slow batch
+            msg[1].work()
+            continue
+        gen, index, task, seed, _freed = msg
+        if gen != generation:
+            generation = gen
+            _reset_fetcher(fetcher)
+        if iterable and fetcher.ended:  # type: ignore[union-attr]
+            outbox.put((wid, ("end", gen, index)))
+            continue
+        started = time.perf_counter()
+        try:
+            if fetcher.draws:
+                data, skipped = args.rng_guard.fetch(split, task, seed, whole)
+            else:
+                data, skipped = split(task)
+            if args.pin_device is not None and data is not None:
+                data = pin(data, args.pin_device)
+        except StopIteration:
+            reply: tuple[Any, ...] = ("end", gen, index)
+            if not iterable:
+                err = _stop_iteration_error(args, task)
+                err.exc = RuntimeError(err.text)
+                reply = ("err", gen, index, err)
+            outbox.put((wid, reply))
+            continue
+        except Exception as exc:
+            where = f"worker thread {wid} on sample indices {_task_text(task)}"
+            outbox.put((wid, ("err", gen, index, RemoteError(exc, where, keep_object=True))))
+            continue
+        except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
+            raise _Ended(exc, f"worker thread {wid} on sample indices {_task_text(task)}") from None
+        busy = time.perf_counter() - started
+        outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped, None)))
 
 
 def _task_text(task: Any) -> str:
