@@ -9,7 +9,9 @@ that nothing (process, thread, descriptor, segment) is left behind.
 
 from __future__ import annotations
 
+import functools
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -275,6 +277,64 @@ def test_timeout_covers_a_stuck_worker_init_fn(mode: str) -> None:
     assert time.monotonic() - t0 >= 1.0
     assert took < (15.0 if mode == "spawn" else 3.0)  # spawn's start-up is not counted
     del it, exc
+
+
+def _wait_readable(fd: int, worker_id: int) -> None:
+    select.select([fd], [], [], 60)
+
+
+def test_timeout_covers_a_stuck_worker_init_fn_as_in_torch() -> None:
+    """Differential (fork): torch and stoker both raise RuntimeError "timed out after 1
+    seconds" about a second after the first ``next``; the init function is then released
+    (a byte on a pipe) so that both shut their worker down at once."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    took = {}
+    for name, make in [("torch", torch_data.DataLoader), ("stoker", DataLoader)]:
+        r, w = os.pipe()
+        try:
+            loader = make(
+                Hostile("none"),
+                batch_size=1,
+                num_workers=1,
+                timeout=1,
+                worker_init_fn=functools.partial(_wait_readable, r),
+                multiprocessing_context="fork",
+            )
+            it = iter(loader)
+            t0 = time.monotonic()
+            with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+                _within(_BOUND_S, next, it)
+            took[name] = time.monotonic() - t0
+            os.write(w, b"x")
+            del it, loader
+        finally:
+            os.close(r)
+            os.close(w)
+    assert all(1.0 <= t < 3.0 for t in took.values()), took
+
+
+class _InterruptsSecondPickle(Hostile):
+    """Its second pickling (the second spawned worker's start) is interrupted (Ctrl-C)."""
+
+    pickled = 0
+
+    def __reduce__(self) -> Any:
+        type(self).pickled += 1
+        if type(self).pickled == 2:
+            raise KeyboardInterrupt
+        return (Hostile, ("none",))
+
+
+def test_ctrl_c_while_a_spawned_worker_starts_stops_the_started_one() -> None:
+    """KeyboardInterrupt while the second spawned worker starts (while its arguments are
+    pickled): it propagates from ``iter()``, and the worker already started is stopped."""
+    loader = _loader(_InterruptsSecondPickle("none"), "spawn", num_workers=2)
+    with pytest.raises(KeyboardInterrupt) as info:
+        iter(loader)
+    held = info.value.__traceback__
+    assert _InterruptsSecondPickle.pickled == 2
+    assert _wait_no_children(3.0) == []
+    del held, info
 
 
 @pytest.mark.parametrize("mode", MODES)

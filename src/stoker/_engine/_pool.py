@@ -716,9 +716,11 @@ class ThreadPool:
         return self._phases.note(wid, msg)
 
     def _check_alive(self) -> None:
-        for wid, t in enumerate(self._threads):
-            if not t.is_alive() and not self._closed:
-                self._died(wid, "its thread ended without saying why")
+        """Raise for a thread found dead with nothing left in the queue (what a thread puts
+        there before it ends is read first: it may say why)."""
+        dead = [wid for wid, t in enumerate(self._threads) if not t.is_alive()]
+        if dead and self._outbox.empty() and not self._closed:
+            self._died(dead[0], "its thread ended without saying why")
 
     def _died(self, wid: int, why: str) -> None:
         self.shutdown(grace_s=0.0)
