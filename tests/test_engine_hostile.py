@@ -171,6 +171,17 @@ def test_a_batch_sent_before_os_exit_arrives(mode: str) -> None:
     del it, exc
 
 
+@pytest.mark.parametrize("mode", ["fork", "thread"])
+def test_a_persistent_loader_starts_fresh_workers_after_a_dead_one(mode: str) -> None:
+    """With ``persistent_workers``, the epoch after a worker ended itself runs on fresh
+    workers: the same batches, then the same error, never a silently empty epoch."""
+    loader = _loader(Hostile("sys.exit"), mode, persistent_workers=True)
+    for _ in range(2):
+        got, exc, _ = _within(_BOUND_S, _take_all, iter(loader))
+        assert got == [0, 1, 2] and isinstance(exc, WorkerError), (got, exc)
+    del loader, exc
+
+
 def test_a_dead_thread_is_not_reported_as_alive_under_timeout() -> None:
     """With ``timeout=``, a thread that ended itself is reported dead at once, not as "alive
     but made no progress" after the timeout."""
