@@ -129,7 +129,7 @@ class _ProcWorker:
         self.unsent: list[Any] | None = []  # tasks queued before the process started
         self.inbox = Inbox(conn.fileno())  # results read from its pipe, not yet handled
         self.said_bye = False
-        self.why: str | None = None  # what ended it early, as it said in its goodbye
+        self.why: tuple[str, int] | None = None  # what ended it early, and its exit code
 
     def keep_left(self, bye: tuple[Any, ...]) -> None:
         """Map (and so unlink) the slots a leaving worker handed over with its goodbye."""
@@ -460,12 +460,12 @@ class ProcessPool:
         return decode(slot, payload, w.maps, w.on_free)
 
     def _died(self, w: _ProcWorker) -> None:
-        w.proc.join(_EXIT_CODE_WAIT_S)
-        code = w.proc.exitcode
+        w.proc.join(_EXIT_CODE_WAIT_S if w.why is None else 0.0)
+        code = w.proc.exitcode if w.why is None or w.proc.exitcode is not None else w.why[1]
         self.shutdown(grace_s=0.0)
         raise WorkerError(
             f"DataLoader worker {w.wid} (pid {w.pid}) exited unexpectedly: {_signal_text(code)}"
-            f"{_ended_text(w.why)}."
+            f"{_ended_text(w.why[0] if w.why else None)}."
         )
 
     def shutdown(self, grace_s: float = _STOP_GRACE_S) -> None:
@@ -712,7 +712,7 @@ class ThreadPool:
 
     def _note(self, wid: int, msg: tuple[Any, ...]) -> bool:
         if msg[0] == BYE[0] and self._dead is None:  # raised by the next get()
-            self._dead = (wid, f"it was ended by {msg[4]}")
+            self._dead = (wid, f"it was ended by {msg[4][0]}")
         return self._phases.note(wid, msg)
 
     def _check_alive(self) -> None:

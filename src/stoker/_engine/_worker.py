@@ -22,9 +22,9 @@ counts from it), :data:`INITED` after ``worker_init_fn`` (when there is one), or
 ``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` + ``(kept, why)``
 last of all (kept: ``(name, size)`` of slots left for the main process to keep: those it
 never saw, see ``WorkerArgs.hand_off``, or, from a worker ending early, those it may not
-have mapped yet; why: None, or what ended the worker early, e.g. ``sys.exit()`` in the
-dataset). A worker ends early, as in torch, when the dataset or ``worker_init_fn`` raises
-a ``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``...):
+have mapped yet; why: None, or, from a worker ending early, (what ended it, its exit
+code)). A worker ends early, as in torch, when the dataset or ``worker_init_fn`` raises a
+``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``...):
 a process exits with its code, a thread ends; the main process reports a dead worker.
 """
 
@@ -205,9 +205,18 @@ class WorkerArgs:
     buffers: BufferPool | None = None
     warm: list[Any] = field(default_factory=list)
 
+    @property
+    def in_thread(self) -> bool:
+        """Whether the worker is a thread (only thread workers share a board)."""
+        return self.board is not None
+
 
 def _where(args: WorkerArgs, task: Any) -> str:
-    text = f"worker {args.worker_id} (pid {os.getpid()})"
+    """'worker 1 (pid 42) on sample indices [3, 4]' (a thread: 'worker thread 1 ...')."""
+    if args.in_thread:
+        text = f"worker thread {args.worker_id}"
+    else:
+        text = f"worker {args.worker_id} (pid {os.getpid()})"
     if task is None:
         return text
     if isinstance(task, np.ndarray):
@@ -250,9 +259,11 @@ class _Ended(Exception):
         super().__init__(where)
         self.exc = exc
         self.remote = RemoteError(exc, where, keep_object=True)  # for its summary()
+        code = exc.code if isinstance(exc, SystemExit) else 1
+        self.code = code if isinstance(code, int) else int(code is not None)  # as Python exits
 
 
-def _init(args: WorkerArgs, who: str, send: Callable[[Any], None], keep_object: bool) -> bool:
+def _init(args: WorkerArgs, send: Callable[[Any], None]) -> bool:
     """Run ``worker_init_fn`` (then send :data:`INITED`); False when it raised an Exception
     (sent as the start-up error), :class:`_Ended` for any other BaseException."""
     init = args.worker_init_fn
@@ -263,11 +274,12 @@ def _init(args: WorkerArgs, who: str, send: Callable[[Any], None], keep_object: 
     except _ParentDied:
         raise
     except Exception as exc:
-        send(("err", -1, -1, RemoteError(exc, f"{who} start-up", keep_object=keep_object)))
+        where = f"{_where(args, None)} start-up"
+        send(("err", -1, -1, RemoteError(exc, where, keep_object=args.in_thread)))
         return False
     except BaseException as exc:
         name = getattr(init, "__qualname__", type(init).__qualname__)
-        raise _Ended(exc, f"{who}'s worker_init_fn {name}") from None
+        raise _Ended(exc, f"{_where(args, None)}'s worker_init_fn {name}") from None
     send(INITED)
     return True
 
@@ -327,7 +339,7 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
             conn.send(("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up")))
             return
         conn.send(READY)
-        if not _init(args, f"worker {args.worker_id} (pid {os.getpid()})", conn.send, False):
+        if not _init(args, conn.send):
             return
         outbox = Outbox(conn)
         try:
@@ -350,7 +362,8 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         # This worker writes no slot from here on: the main process may hand them on and
         # stop waiting (it reaps the exit, ~5 ms of address-space teardown, in the back).
         try:
-            conn.send((*BYE, kept, ended.remote.summary() if ended is not None else None))
+            why = None if ended is None else (ended.remote.summary(), ended.code)
+            conn.send((*BYE, kept, why))
         except (OSError, ValueError):  # nobody to take them: unlink them too
             unlink_prefix(args.prefix)
         # What is left is the exit: tearing down this copy of the main process's address
@@ -360,8 +373,8 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         if ended is None:
             with contextlib.suppress(OSError):
                 os.nice(19)
-    if ended is not None:  # exit as the dataset asked (its code), else with 1; quietly:
-        raise ended.exc if isinstance(ended.exc, SystemExit) else SystemExit(1)  # told already
+    if ended is not None:  # exit quietly (the main process was told why) with the code said
+        raise SystemExit(ended.code)
 
 
 def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
@@ -520,9 +533,10 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
     try:
         _serve_thread(args, inbox, outbox)
     except _Ended as exc:
-        outbox.put((wid, (*BYE, None, exc.remote.summary())))
+        outbox.put((wid, (*BYE, None, (exc.remote.summary(), None))))
     except BaseException as exc:  # stoker's own code failed: still a dead worker, saying why
-        outbox.put((wid, (*BYE, None, RemoteError(exc, f"worker thread {wid}").summary())))
+        why = RemoteError(exc, f"worker thread {wid}", keep_object=True).summary()
+        outbox.put((wid, (*BYE, None, (why, None))))
     finally:
         set_worker_info(None, whole_process=False)
 
@@ -539,7 +553,7 @@ def _serve_thread(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
         outbox.put((wid, ("err", -1, -1, RemoteError(exc, where, keep_object=True))))
         return
     outbox.put((wid, READY))
-    if not _init(args, f"worker thread {wid}", lambda msg: outbox.put((wid, msg)), True):
+    if not _init(args, lambda msg: outbox.put((wid, msg))):
         return
     board = args.board
     assert args.rng_guard is not None and board is not None
@@ -579,18 +593,11 @@ def _serve_thread(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
             outbox.put((wid, reply))
             continue
         except Exception as exc:
-            where = f"worker thread {wid} on sample indices {_task_text(task)}"
-            outbox.put((wid, ("err", gen, index, RemoteError(exc, where, keep_object=True))))
+            # No local name for it: the main thread's frames join the exception's traceback
+            # when it is raised there, and this frame must not keep them (and the iterator).
+            outbox.put((wid, ("err", gen, index, RemoteError(exc, _where(args, task), True))))
             continue
         except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
-            raise _Ended(exc, f"worker thread {wid} on sample indices {_task_text(task)}") from None
+            raise _Ended(exc, _where(args, task)) from None
         busy = time.perf_counter() - started
         outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped, None)))
-
-
-def _task_text(task: Any) -> str:
-    if isinstance(task, np.ndarray):
-        task = task.tolist()
-    if isinstance(task, list) and len(task) > _INDICES_SHOWN:
-        return f"[{', '.join(map(str, task[:_INDICES_SHOWN]))}, ...] ({len(task)} in all)"
-    return str(task)
