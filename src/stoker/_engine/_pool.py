@@ -10,7 +10,11 @@ from the thread that iterates:
   :meth:`ProcessPool.buffered` hands out the rest without a system call. Tasks for one
   worker travel in one message. Batches cross through the shared-memory transport.
 - :class:`ThreadPool`: one thread per worker, with the in-process transport (the batch
-  object itself).
+  object itself). A thread that ends says so last; one found dead while the pool waits is
+  a dead worker too.
+
+A worker's last message says why it ends early, if it does (``sys.exit()`` in the dataset);
+the pool reads it, and what the worker sent before, before it reports the death.
 
 Under fork, a loader keeps the segments of its last pool's workers (at most what persistent
 workers would keep; released with the loader) and hands them to its next pool's workers.
