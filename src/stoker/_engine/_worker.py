@@ -366,11 +366,14 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
             conn.send((*BYE, kept, why))
         except (OSError, ValueError):  # nobody to take them: unlink them too
             unlink_prefix(args.prefix)
-        # What is left is the exit: tearing down this copy of the main process's address
-        # space (~5 ms with torch loaded). At the lowest priority, it waits for a free core
-        # instead of taking one from the main process or the other workers still loading.
-        # A worker ending early exits at once: the main process waits for its exit code.
-        if ended is None:
+        # What is left of a forked worker is the exit: tearing down this copy of the main
+        # process's address space (~5 ms with torch loaded). At the lowest priority, it
+        # waits for a free core instead of taking one from the main process or the other
+        # workers still loading. Not a spawned worker (``hand_off`` is for fork only): its
+        # exit runs the interpreter's finalization, which on a busy machine would starve
+        # for seconds at that priority, and workers must be gone soon after the loop ends.
+        # Nor a worker ending early: the main process waits for its exit code.
+        if ended is None and args.hand_off:
             with contextlib.suppress(OSError):
                 os.nice(19)
     if ended is not None:  # exit quietly (the main process was told why) with the code said
