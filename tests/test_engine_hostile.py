@@ -244,18 +244,6 @@ def test_an_unpicklable_exception_whose_str_raises_is_reported(mode: str) -> Non
     del it, exc
 
 
-def test_a_bad_str_exception_keeps_its_type_as_in_torch() -> None:
-    """Differential: torch's fork worker re-raises the original type too."""
-    torch_data = pytest.importorskip("torch.utils.data")
-    loader = torch_data.DataLoader(Hostile("bad __str__"), batch_size=1, num_workers=1)
-    with pytest.raises(BadStr):
-        for _ in loader:
-            pass
-    with pytest.raises(BadStr):
-        for _ in _loader(Hostile("bad __str__"), "fork"):
-            pass
-
-
 # -- 2: timeout= covers worker_init_fn ----------------------------------------------------
 
 _RELEASE = threading.Event()
@@ -288,40 +276,6 @@ def test_timeout_covers_a_stuck_worker_init_fn(mode: str) -> None:
     assert time.monotonic() - t0 >= 1.0
     assert took < (15.0 if mode == "spawn" else 3.0)  # spawn's start-up is not counted
     del it, exc
-
-
-def _wait_readable(fd: int, worker_id: int) -> None:
-    select.select([fd], [], [], 60)
-
-
-def test_timeout_covers_a_stuck_worker_init_fn_as_in_torch() -> None:
-    """Differential (fork): torch and stoker both raise RuntimeError "timed out after 1
-    seconds" about a second after the first ``next``; the init function is then released
-    (a byte on a pipe) so that both shut their worker down at once."""
-    torch_data = pytest.importorskip("torch.utils.data")
-    took = {}
-    for name, make in [("torch", torch_data.DataLoader), ("stoker", DataLoader)]:
-        r, w = os.pipe()
-        try:
-            loader = make(
-                Hostile("none"),
-                batch_size=1,
-                num_workers=1,
-                timeout=1,
-                worker_init_fn=functools.partial(_wait_readable, r),
-                multiprocessing_context="fork",
-            )
-            it = iter(loader)
-            t0 = time.monotonic()
-            with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
-                _within(_BOUND_S, next, it)
-            took[name] = time.monotonic() - t0
-            os.write(w, b"x")
-            del it, loader
-        finally:
-            os.close(r)
-            os.close(w)
-    assert all(1.0 <= t < 3.0 for t in took.values()), took
 
 
 class _InterruptsSecondPickle(Hostile):
@@ -522,3 +476,53 @@ def test_one_batch_bigger_than_shm_says_so(tmp_path: Path) -> None:
     kind, got, text = out.split(" ", 2)
     assert (kind, got) == ("SharedMemoryError", "0"), out
     assert "bytes are free" in text and "--shm-size" in text
+
+
+# -- differential tests against torch, last: once torch is imported, spawned workers import
+# it too, and a spawned interpreter with torch loaded takes 1.5-3 s to exit here.
+
+
+def test_a_bad_str_exception_keeps_its_type_as_in_torch() -> None:
+    """Differential: torch's fork worker re-raises the original type too."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    loader = torch_data.DataLoader(Hostile("bad __str__"), batch_size=1, num_workers=1)
+    with pytest.raises(BadStr):
+        for _ in loader:
+            pass
+    with pytest.raises(BadStr):
+        for _ in _loader(Hostile("bad __str__"), "fork"):
+            pass
+
+
+def _wait_readable(fd: int, worker_id: int) -> None:
+    select.select([fd], [], [], 60)
+
+
+def test_timeout_covers_a_stuck_worker_init_fn_as_in_torch() -> None:
+    """Differential (fork): torch and stoker both raise RuntimeError "timed out after 1
+    seconds" about a second after the first ``next``; the init function is then released
+    (a byte on a pipe) so that both shut their worker down at once."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    took = {}
+    for name, make in [("torch", torch_data.DataLoader), ("stoker", DataLoader)]:
+        r, w = os.pipe()
+        try:
+            loader = make(
+                Hostile("none"),
+                batch_size=1,
+                num_workers=1,
+                timeout=1,
+                worker_init_fn=functools.partial(_wait_readable, r),
+                multiprocessing_context="fork",
+            )
+            it = iter(loader)
+            t0 = time.monotonic()
+            with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+                _within(_BOUND_S, next, it)
+            took[name] = time.monotonic() - t0
+            os.write(w, b"x")
+            del it, loader
+        finally:
+            os.close(r)
+            os.close(w)
+    assert all(1.0 <= t < 3.0 for t in took.values()), took
