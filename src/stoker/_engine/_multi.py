@@ -160,10 +160,14 @@ class MultiWorkerIterator:
         # as does one whose workers run the user's code (they may wait for each other).
         lazy = self._free and pool.lazy_start and loader._first_batch_s < _EAGER_AFTER_S
         self._lazy = lazy
-        pool.start(1)  # first: it starts up while the sampler draws
-        self._reset()  # queues the first tasks: a worker not started gets them as it starts
-        if not lazy:
-            pool.start()  # each one busy with its tasks while the next one forks
+        try:
+            pool.start(1)  # first: it starts up while the sampler draws
+            self._reset()  # queues the first tasks: a worker not started gets them as it starts
+            if not lazy:
+                pool.start()  # each one busy with its tasks while the next one forks
+        except BaseException:  # Ctrl-C, a sampler that raises: no worker outlives iter()
+            self._finalizer()
+            raise
 
     # -- epochs ------------------------------------------------------------------------
 

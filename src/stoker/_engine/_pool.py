@@ -10,7 +10,11 @@ from the thread that iterates:
   :meth:`ProcessPool.buffered` hands out the rest without a system call. Tasks for one
   worker travel in one message. Batches cross through the shared-memory transport.
 - :class:`ThreadPool`: one thread per worker, with the in-process transport (the batch
-  object itself).
+  object itself). A thread that ends says so last; one found dead while the pool waits is
+  a dead worker too.
+
+A worker's last message says why it ends early, if it does (``sys.exit()`` in the dataset);
+the pool reads it, and what the worker sent before, before it reports the death.
 
 Under fork, a loader keeps the segments of its last pool's workers (at most what persistent
 workers would keep; released with the loader) and hands them to its next pool's workers.
@@ -43,8 +47,16 @@ from stoker import _torch
 from stoker._engine import _shm
 from stoker._engine._buffers import for_loader
 from stoker._engine._split import HelpBoard
-from stoker._engine._transport import Inbox, decode, pack_tasks, send
-from stoker._engine._worker import BYE, RngGuard, WorkerArgs, process_worker, thread_worker
+from stoker._engine._transport import Inbox, add_note, decode, pack_tasks, safe_str, send
+from stoker._engine._worker import (
+    BYE,
+    INITED,
+    READY,
+    RngGuard,
+    WorkerArgs,
+    process_worker,
+    thread_worker,
+)
 from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -62,6 +74,11 @@ _EXIT_CODE_WAIT_S = 1.0
 """After a worker's pipe closed, how long to wait for its exit status."""
 _EXIT_WAIT_S = 5.0
 """How long a worker that said goodbye may take to exit before it is killed."""
+_ALIVE_CHECK_S = 0.5
+"""How often a thread pool waiting for results checks that its threads live (a thread
+that ends says so; this catches one that could not)."""
+_CONTROL = frozenset((READY[0], INITED[0], BYE[0]))
+"""Messages about a worker's life (see :meth:`_Phases.note`), not about a task."""
 
 # The main process's ends of all live workers' pipes. A process forked later (another
 # loader's worker, or the user's own fork) must not keep them open, or a worker would never
@@ -115,9 +132,13 @@ class _ProcWorker:
         self.loader_ref: Any = None  # set at shutdown, for ``late``
         self.unsent: list[Any] | None = []  # tasks queued before the process started
         self.inbox = Inbox(conn.fileno())  # results read from its pipe, not yet handled
+        self.said_bye = False
+        self.why: tuple[str, int] | None = None  # what ended it early, and its exit code
 
     def keep_left(self, bye: tuple[Any, ...]) -> None:
         """Map (and so unlink) the slots a leaving worker handed over with its goodbye."""
+        self.said_bye = True
+        self.why = bye[4] if len(bye) > 4 else None
         for name, size in bye[3]:
             self.maps.keep(name, size)
 
@@ -171,13 +192,47 @@ def _explain_unpicklable(exc: BaseException, parts: dict[str, Any], method: str)
         try:
             pickle.dumps(obj)
         except Exception as err:
-            exc.add_note(
-                f"The DataLoader's {name} ({type(obj).__qualname__} {obj!r:.80}) cannot be "
-                f"pickled ({err}), and the '{method}' start method must pickle it to send it "
-                "to worker processes. Define it at module level (not inside a function, not "
-                "a lambda), or use multiprocessing_context='fork' or worker_mode='thread'."
+            try:
+                shown = f"{obj!r:.80}"
+            except Exception:  # a repr that fails too: the type name says enough
+                shown = "object"
+            add_note(
+                exc,
+                f"The DataLoader's {name} ({type(obj).__qualname__} {shown}) cannot be "
+                f"pickled ({safe_str(err)}), and the '{method}' start method must pickle it to "
+                "send it to worker processes. Define it at module level (not inside a function, "
+                "not a lambda), or use multiprocessing_context='fork' or worker_mode='thread'.",
             )
             return
+
+
+class _Phases:
+    """Which workers are in their ``worker_init_fn`` (for the timeout's message), from the
+    messages about their life that a pool reads (:data:`_CONTROL`)."""
+
+    def __init__(self, init_fn: Any) -> None:
+        self.init_name = None
+        if init_fn is not None:
+            self.init_name = safe_str(getattr(init_fn, "__qualname__", None) or init_fn)
+        self.in_init: set[int] = set()
+
+    def note(self, wid: int, msg: tuple[Any, ...]) -> bool:
+        """Take note of a life message of worker ``wid``; whether to pass it on."""
+        kind = msg[0]
+        if kind == READY[0]:
+            if self.init_name is not None:
+                self.in_init.add(wid)
+            return True  # the iterator's timeout counts from it
+        self.in_init.discard(wid)
+        return False
+
+    def doing(self, wid: int) -> str:
+        """'' or ' in its worker_init_fn NAME'."""
+        return f" in its worker_init_fn {self.init_name}" if wid in self.in_init else ""
+
+
+def _ended_text(why: str | None) -> str:
+    return f"; it was ended by {why}" if why else ""
 
 
 class ProcessPool:
@@ -202,6 +257,7 @@ class ProcessPool:
             "worker_init_fn": loader.worker_init_fn,
         }
         self._method = method
+        self._phases = _Phases(loader.worker_init_fn)
         self._loader_ref = weakref.ref(loader)
         self._warm_cap = n * (2 * prefetch + 2)  # what persistent workers would keep
         warm = _WARM.pop(loader, []) if method == "fork" else []
@@ -316,8 +372,8 @@ class ProcessPool:
         return not self._closed
 
     def describe(self, wid: int) -> str:
-        """'worker 1 (pid 42)'."""
-        return f"worker {wid} (pid {self.workers[wid].pid})"
+        """'worker 1 (pid 42)', and ' in its worker_init_fn NAME' while it runs that."""
+        return f"worker {wid} (pid {self.workers[wid].pid}){self._phases.doing(wid)}"
 
     def send(self, wid: int, msg: Any) -> None:
         """Send a message (a list of tasks, or freed slots) to worker ``wid``.
@@ -358,7 +414,27 @@ class ProcessPool:
         Raises:
             WorkerError: a worker died (its pipe closed or its process ended).
         """
-        got = self.buffered()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self._get(max(0.0, deadline - time.monotonic()))
+            if got is None or got[1][0] not in _CONTROL or self._note(*got):
+                return got
+
+    def buffered(self) -> tuple[int, Any] | None:
+        """A (worker id, message) already read from a pipe, or None; no system call."""
+        while True:
+            got = self._buffered()
+            if got is None or got[1][0] not in _CONTROL or self._note(*got):
+                return got
+
+    def _note(self, wid: int, msg: tuple[Any, ...]) -> bool:
+        """Take note of a life message; whether to pass it on (see :class:`_Phases`)."""
+        if msg[0] == BYE[0]:  # it is leaving; its exit is seen next
+            self.workers[wid].keep_left(msg)
+        return self._phases.note(wid, msg)
+
+    def _get(self, timeout_s: float) -> tuple[int, Any] | None:
+        got = self._buffered()
         if got is not None:
             return got
         # One poll object for the pool's life: cheaper per batch than building a selector
@@ -383,8 +459,7 @@ class ProcessPool:
         self._died(dead)
         return None  # pragma: no cover - _died raises
 
-    def buffered(self) -> tuple[int, Any] | None:
-        """A (worker id, message) already read from a pipe, or None; no system call."""
+    def _buffered(self) -> tuple[int, Any] | None:
         for w in self.workers:
             msg = w.inbox.take()
             if msg is not None:
@@ -403,11 +478,12 @@ class ProcessPool:
         return decode(slot, payload, w.maps, w.on_free)
 
     def _died(self, w: _ProcWorker) -> None:
-        w.proc.join(_EXIT_CODE_WAIT_S)
-        code = w.proc.exitcode
+        w.proc.join(_EXIT_CODE_WAIT_S if w.why is None else 0.0)
+        code = w.proc.exitcode if w.why is None or w.proc.exitcode is not None else w.why[1]
         self.shutdown(grace_s=0.0)
         raise WorkerError(
-            f"{_torch_phrase(w.pid, code)}Worker {w.wid} exited unexpectedly: {_signal_text(code)}."
+            f"{_torch_phrase(w.pid, code)}Worker {w.wid} exited unexpectedly: {_signal_text(code)}"
+            f"{_ended_text(w.why[0] if w.why else None)}."
         )
 
     def shutdown(self, grace_s: float = _STOP_GRACE_S) -> None:
@@ -512,7 +588,7 @@ def _reaper() -> Callable[[list[_ProcWorker]], None]:
                 with contextlib.suppress(OSError):
                     w.proc.kill()
                 w.proc.join(_KILL_JOIN_TIMEOUT_S)
-            if w.proc.exitcode != 0:
+            if w.proc.exitcode != 0 or not w.said_bye:
                 _shm.unlink_prefix(w.prefix)  # it could not unlink its own segments
             with contextlib.suppress(ValueError):
                 w.proc.close()  # frees the sentinel descriptor now, not at GC
@@ -544,6 +620,8 @@ class ThreadPool:
         self._outbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         n = loader._pool_workers()  # with autotune, the most workers it may use
+        self._phases = _Phases(loader.worker_init_fn)
+        self._dead: tuple[int, str] | None = None  # a thread that said it ended, and why
         shared = None if loader._iterable else loader._make_fetcher()
         guard = self._guard = RngGuard()
         buffers = for_loader(loader, n * prefetch + 2)  # in flight, held, returning
@@ -602,8 +680,8 @@ class ThreadPool:
         return True
 
     def describe(self, wid: int) -> str:
-        """'worker thread 1'."""
-        return f"worker thread {wid}"
+        """'worker thread 1', and ' in its worker_init_fn NAME' while it runs that."""
+        return f"worker thread {wid}{self._phases.doing(wid)}"
 
     def send(self, wid: int, msg: Any) -> None:
         """Queue the tasks of a message for thread ``wid``."""
@@ -612,8 +690,15 @@ class ThreadPool:
                 self._inboxes[wid].put(task)
 
     def buffered(self) -> tuple[int, Any] | None:
-        """A result already queued, or None."""
-        return self.get(0) if not self._outbox.empty() else None
+        """A result already queued, or None (a dead worker is reported by :meth:`get`,
+        after the results it sent before)."""
+        while True:
+            try:
+                got = self._outbox.get_nowait()
+            except queue.Empty:
+                return None
+            if got[1][0] not in _CONTROL or self._note(*got):
+                return got
 
     def flush_freed(self) -> None:
         """Nothing to free: batches are ordinary objects."""
@@ -623,11 +708,41 @@ class ThreadPool:
         return []
 
     def get(self, timeout_s: float) -> tuple[int, Any] | None:
-        """The next (worker id, message), or None after ``timeout_s``."""
-        try:
-            return self._outbox.get(timeout=timeout_s)
-        except queue.Empty:
-            return None
+        """The next (worker id, message), or None after ``timeout_s``.
+
+        Raises:
+            WorkerError: a worker thread ended (it said so, or is found dead).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._dead is not None:
+                self._died(*self._dead)
+            left = deadline - time.monotonic()
+            try:
+                got = self._outbox.get(timeout=max(0.0, min(left, _ALIVE_CHECK_S)))
+            except queue.Empty:
+                self._check_alive()
+                if left <= _ALIVE_CHECK_S:
+                    return None
+                continue
+            if got[1][0] not in _CONTROL or self._note(*got):
+                return got
+
+    def _note(self, wid: int, msg: tuple[Any, ...]) -> bool:
+        if msg[0] == BYE[0] and self._dead is None:  # raised by the next get()
+            self._dead = (wid, f"it was ended by {msg[4][0]}")
+        return self._phases.note(wid, msg)
+
+    def _check_alive(self) -> None:
+        """Raise for a thread found dead with nothing left in the queue (what a thread puts
+        there before it ends is read first: it may say why)."""
+        dead = [wid for wid, t in enumerate(self._threads) if not t.is_alive()]
+        if dead and self._outbox.empty() and not self._closed:
+            self._died(dead[0], "its thread ended without saying why")
+
+    def _died(self, wid: int, why: str) -> None:
+        self.shutdown(grace_s=0.0)
+        raise WorkerError(f"DataLoader worker thread {wid} exited unexpectedly: {why}.")
 
     def decode(self, wid: int, msg: tuple[Any, ...]) -> Any:
         """The batch object of an "ok" message."""

@@ -101,15 +101,20 @@ def shm_free_bytes() -> int | None:
     return st.f_bavail * st.f_frsize
 
 
-def _shm_error(needed: int, window: str) -> SharedMemoryError:
+def _shm_error(needed: int, workers: int, window: int) -> SharedMemoryError:
+    """The error for a slot of ``needed`` bytes that does not fit, stating what the whole
+    prefetch window of ``window`` slots over ``workers`` workers needs."""
     free = shm_free_bytes()
     free_text = f"{free:,} bytes are free" if free is not None else "free space unknown"
+    workers = max(1, workers)
+    prefetch = max(1, window // workers)
     return SharedMemoryError(
         f"shared memory ({SHM_DIR}) must hold the batches in flight, but a slot of "
-        f"{needed:,} bytes does not fit ({free_text}; the prefetch window needs about "
-        f"{window}). Fix: give the container more shared memory (docker run --shm-size=8g, "
-        "or a larger /dev/shm), or use fewer workers, a smaller prefetch_factor or "
-        "batch_size, or worker_mode='thread'."
+        f"{needed:,} bytes does not fit ({free_text}); the prefetch window needs about "
+        f"{workers} workers x {prefetch} prefetch_factor x {needed:,} bytes = "
+        f"{workers * prefetch * needed:,} bytes. Fix: give the container more shared memory "
+        "(docker run --shm-size=8g, or a larger /dev/shm), or use fewer workers, a smaller "
+        "prefetch_factor or batch_size, or worker_mode='thread'."
     )
 
 
@@ -146,12 +151,14 @@ class Arena:
         steady: how many slots the worker needs once batches flow (its prefetched
             batches, the one the user holds, the one being written); slots are made
             ahead only below it.
+        workers: how many workers share the window, for error messages.
     """
 
     prefix: str
     keep_free: int
     window: int = 1
     steady: int = 4
+    workers: int = 1
     slots: dict[int, Slot] = field(default_factory=dict)
     free: list[int] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
@@ -256,6 +263,19 @@ class Arena:
             slot = self.slots[spare.sid] = spare.result()
             self.free.append(slot.id)
         out = [(s.name, s.size) for s in map(self.slots.__getitem__, self.free) if not s.sent]
+        for name, _ in out:
+            self.names.discard(name)
+        return out
+
+    def leave_sent(self) -> list[tuple[str, int]]:
+        """The slots sent to the main process and not given back, as ``(name, size)``:
+        :meth:`close` leaves their names, for a worker that ends early while the main
+        process may not have mapped its last batches yet (it unlinks them once it has)."""
+        out = [
+            (s.name, s.size)
+            for sid, s in self.slots.items()
+            if s.sent and s.name in self.names and sid not in self.free
+        ]
         for name, _ in out:
             self.names.discard(name)
         return out
@@ -370,7 +390,7 @@ class Arena:
             except OSError as exc:
                 _unlink(name)
                 if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                    raise _shm_error(size, f"{self.window} x {size:,} bytes") from None
+                    raise _shm_error(size, self.workers, self.window) from None
                 raise
             mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)
         finally:

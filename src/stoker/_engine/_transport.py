@@ -532,6 +532,11 @@ def _fast_batch(code: int, pids: list[Any], base: np.ndarray[Any, Any] | None) -
 class RemoteError:
     """An exception raised in a worker, packed to cross to the main process.
 
+    The one place where a worker's exception (any ``BaseException``, of process or thread
+    workers) becomes what the main process raises. Building it never raises: an exception
+    whose ``__str__``, traceback or pickling fails is still described by its type name and
+    what could be read of it.
+
     Args:
         exc: the exception.
         where: who raised it and on what, e.g. "worker 1 (pid 42), indices [3, 4]".
@@ -541,8 +546,8 @@ class RemoteError:
     def __init__(self, exc: BaseException, where: str, keep_object: bool = False) -> None:
         self.where = where
         self.type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        self.text = str(exc)
-        self.tb = "".join(traceback.format_exception(exc))
+        self.text = safe_str(exc)
+        self.tb = _format(exc)
         self.exc: BaseException | None = exc if keep_object else None
         self.pickled: bytes | None = None
         if not keep_object:
@@ -552,6 +557,11 @@ class RemoteError:
                 self.pickled = pickled
             except Exception:
                 self.pickled = None
+
+    def summary(self) -> str:
+        """'SystemExit(3) in worker 0 (pid 42) on sample indices [3]': what ended a worker."""
+        name = self.type_name.removeprefix("builtins.")
+        return f"{name}({self.text}) in {self.where}" if self.text else f"{name} in {self.where}"
 
     def rebuild(self) -> BaseException:
         """The exception to raise in the main process, with the worker's context noted."""
@@ -573,8 +583,9 @@ class RemoteError:
             return err
         if self.where.startswith("worker "):  # a process's "worker 1 (pid 42) ...", a thread's
             who = re.sub(r"^worker (?=\d)", "worker process ", self.where)  # torch's words
-            _restate(exc, f"Caught {type(exc).__name__} in DataLoader {who}")
-        exc.add_note(note)
+            with contextlib.suppress(Exception):  # an exception may refuse new arguments
+                _restate(exc, f"Caught {type(exc).__name__} in DataLoader {who}")
+        add_note(exc, note)
         return exc
 
 
@@ -599,6 +610,44 @@ def _restate(exc: BaseException, head: str) -> None:
         exc.args = (_Message(f"{head}: {args[0]!r}"),)
     elif isinstance(exc, OSError) and kind is OSError.__str__ and exc.strerror:
         exc.strerror = f"{exc.strerror} ({head})"
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder naming what went wrong when ``__str__`` raises.
+
+    >>> class Bad(Exception):
+    ...     def __str__(self): raise ValueError("no")
+    >>> safe_str(Bad()), safe_str(KeyError("k"))
+    ('<str() of the exception raised ValueError: no>', "'k'")
+    """
+    try:
+        return str(exc)
+    except Exception as err:
+        try:
+            return f"<str() of the exception raised {type(err).__name__}: {err}>"
+        except Exception:
+            return "<str() of the exception failed>"
+
+
+def _format(exc: BaseException) -> str:
+    """The formatted traceback of ``exc`` (``traceback`` copes with a failing ``__str__``;
+    this copes with anything else that fails on the way)."""
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:
+        return f"{type(exc).__qualname__}: {safe_str(exc)} (its traceback could not be formatted)"
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` where Python has it (3.11+), else ``__notes__`` by hand; never
+    raises (an exception may refuse notes)."""
+    try:
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # pragma: no cover - Python 3.10
+            exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+    except Exception:
+        pass
 
 
 class _RemoteTraceback(Exception):

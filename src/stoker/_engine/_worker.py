@@ -18,10 +18,15 @@ untouched: for a slow batch, whether the global RNGs were left alone, else None)
 (a group of tiny batches, task indices ``index``, ``index + 1``, ...: the payload is their
 list, a :class:`RemoteError` in place of each that raised; skipped: None or a list),
 ``("end", generation, index)`` (an iterable dataset is exhausted) or
-``("err", generation, index, RemoteError)``; ``("ready", -1, -2)`` once started, or
-``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` + ``(kept,)`` last of
-all (kept: ``(name, size)`` of slots the main process never saw, left for it to keep, see
-``WorkerArgs.hand_off``).
+``("err", generation, index, RemoteError)``; :data:`READY` once started (``timeout``
+counts from it), :data:`INITED` after ``worker_init_fn`` (when there is one), or
+``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` + ``(kept, why)``
+last of all (kept: ``(name, size)`` of slots left for the main process to keep: those it
+never saw, see ``WorkerArgs.hand_off``, or, from a worker ending early, those it may not
+have mapped yet; why: None, or, from a worker ending early, (what ended it, its exit
+code)). A worker ends early, as in torch, when the dataset or ``worker_init_fn`` raises a
+``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``...):
+a process exits with its code, a thread ends; the main process reports a dead worker.
 """
 
 from __future__ import annotations
@@ -63,6 +68,10 @@ from stoker._worker_info import WorkerInfo, get_worker_info, set_worker_info
 _PR_SET_PDEATHSIG = 1
 BYE = ("bye", -1, -3)
 """A worker's last message: its slots are closed and it is exiting."""
+READY = ("ready", -1, -2)
+"""A worker is up (imports, seeding done); next it runs ``worker_init_fn``, if any."""
+INITED = ("inited", -1, -4)
+"""A worker's ``worker_init_fn`` returned."""
 _INDICES_SHOWN = 16
 
 _NEW_EPOCH_WAIT_S = 1.0
@@ -226,9 +235,18 @@ class WorkerArgs:
     buffers: BufferPool | None = None
     warm: list[Any] = field(default_factory=list)
 
+    @property
+    def in_thread(self) -> bool:
+        """Whether the worker is a thread (only thread workers share a board)."""
+        return self.board is not None
+
 
 def _where(args: WorkerArgs, task: Any) -> str:
-    text = f"worker {args.worker_id} (pid {os.getpid()})"
+    """'worker 1 (pid 42) on sample indices [3, 4]' (a thread: 'worker thread 1 ...')."""
+    if args.in_thread:
+        text = f"worker thread {args.worker_id}"
+    else:
+        text = f"worker {args.worker_id} (pid {os.getpid()})"
     if task is None:
         return text
     if isinstance(task, np.ndarray):
@@ -252,7 +270,7 @@ def _set_torch_worker_info(info: WorkerInfo) -> None:
         )
 
 
-def _start(args: WorkerArgs, whole_process: bool) -> None:
+def _setup(args: WorkerArgs, whole_process: bool) -> None:
     info = WorkerInfo(args.worker_id, args.num_workers, args.seed, args.fetcher.dataset)
     set_worker_info(info, whole_process=whole_process)
     if whole_process:
@@ -260,8 +278,40 @@ def _start(args: WorkerArgs, whole_process: bool) -> None:
             _torch.require("a worker of a process that uses torch")
         _set_torch_worker_info(info)
         seed_globals(args.seed, every_device=True)
-    if args.worker_init_fn is not None:
-        args.worker_init_fn(args.worker_id)
+
+
+class _Ended(Exception):
+    """A worker ends early: the dataset or ``worker_init_fn`` raised ``exc``, a
+    ``BaseException`` that is not an ``Exception`` (``sys.exit()``, ``KeyboardInterrupt``...),
+    or stoker's own worker code failed; ``remote`` says so to the main process."""
+
+    def __init__(self, exc: BaseException, where: str) -> None:
+        super().__init__(where)
+        self.exc = exc
+        self.remote = RemoteError(exc, where, keep_object=True)  # for its summary()
+        code = exc.code if isinstance(exc, SystemExit) else 1
+        self.code = code if isinstance(code, int) else int(code is not None)  # as Python exits
+
+
+def _init(args: WorkerArgs, send: Callable[[Any], None]) -> bool:
+    """Run ``worker_init_fn`` (then send :data:`INITED`); False when it raised an Exception
+    (sent as the start-up error), :class:`_Ended` for any other BaseException."""
+    init = args.worker_init_fn
+    if init is None:
+        return True
+    try:
+        init(args.worker_id)
+    except _ParentDied:
+        raise
+    except Exception as exc:
+        where = f"{_where(args, None)} start-up"
+        send(("err", -1, -1, RemoteError(exc, where, keep_object=args.in_thread)))
+        return False
+    except BaseException as exc:
+        name = getattr(init, "__qualname__", type(init).__qualname__)
+        raise _Ended(exc, f"{_where(args, None)}'s worker_init_fn {name}") from None
+    send(INITED)
+    return True
 
 
 def _reset_fetcher(fetcher: MapFetcher | IterableFetcher) -> None:
@@ -306,18 +356,21 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
     """
     # Ctrl-C reaches the whole process group; the main process decides and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    arena = Arena(args.prefix, args.keep_free, args.window, args.steady)
+    arena = Arena(args.prefix, args.keep_free, args.window, args.steady, args.num_workers)
     arena.adopt(args.warm)
     args.warm = []
     kept: list[tuple[str, int]] = []
+    ended: _Ended | None = None
     try:
         _watch_parent()
         try:
-            _start(args, whole_process=True)
+            _setup(args, whole_process=True)
         except Exception as exc:
             conn.send(("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up")))
             return
-        conn.send(("ready", -1, -2))
+        conn.send(READY)
+        if not _init(args, conn.send):
+            return
         outbox = Outbox(conn)
         try:
             _serve(args, conn, outbox, arena)
@@ -327,6 +380,10 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
             kept = arena.hand_off()
     except (_ParentDied, EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone: clean up below and exit quietly
+    except _Ended as exc:
+        ended = exc
+        # Batches sent just before: the main process maps (and unlinks) their slots.
+        kept = arena.leave_sent()
     finally:
         # An idle worker sees end-of-file *and* gets the parent-death signal: the signal
         # must not interrupt the cleanup it would trigger.
@@ -335,14 +392,22 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         # This worker writes no slot from here on: the main process may hand them on and
         # stop waiting (it reaps the exit, ~5 ms of address-space teardown, in the back).
         try:
-            conn.send((*BYE, kept))
+            why = None if ended is None else (ended.remote.summary(), ended.code)
+            conn.send((*BYE, kept, why))
         except (OSError, ValueError):  # nobody to take them: unlink them too
             unlink_prefix(args.prefix)
-        # What is left is the exit: tearing down this copy of the main process's address
-        # space (~5 ms with torch loaded). At the lowest priority, it waits for a free core
-        # instead of taking one from the main process or the other workers still loading.
-        with contextlib.suppress(OSError):
-            os.nice(19)
+        # What is left of a forked worker is the exit: tearing down this copy of the main
+        # process's address space (~5 ms with torch loaded). At the lowest priority, it
+        # waits for a free core instead of taking one from the main process or the other
+        # workers still loading. Not a spawned worker (``hand_off`` is for fork only): its
+        # exit runs the interpreter's finalization, which on a busy machine would starve
+        # for seconds at that priority, and workers must be gone soon after the loop ends.
+        # Nor a worker ending early: the main process waits for its exit code.
+        if ended is None and args.hand_off:
+            with contextlib.suppress(OSError):
+                os.nice(19)
+    if ended is not None:  # exit quietly (the main process was told why) with the code said
+        raise SystemExit(ended.code)
 
 
 def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
@@ -380,14 +445,22 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
             outbox.send(("end", gen, index))
             continue
         if type(seed) is tuple:  # a group of tiny batches: one slot, one message
-            for reply in _fetch_group(args, arena, gen, index, task, seed, bool(pending)):
+            try:
+                replies = _fetch_group(args, arena, gen, index, task, seed, bool(pending))
+            except _ParentDied:
+                raise
+            except BaseException as exc:  # as for a single batch (below)
+                arena.abort()
+                raise _Ended(exc, _where(args, None)) from None
+            for reply in replies:
                 outbox.send(reply)
             continue
         started = time.perf_counter()
         if fetcher.draws and not iterable:
             seed_globals(seed)
-        arena.begin(ahead=bool(pending))
         try:
+            # Inside: making the slot (for a later batch too) may find /dev/shm full.
+            arena.begin(ahead=bool(pending))
             data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
             slot, payload = encode(data, arena)
             del data
@@ -402,6 +475,11 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
             arena.abort()
             outbox.send(("err", gen, index, RemoteError(exc, _where(args, task))))
             continue
+        except _ParentDied:
+            raise
+        except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
+            arena.abort()
+            raise _Ended(exc, _where(args, task)) from None
         busy = time.perf_counter() - started
         retired = arena.take_retired()
         # For a slow batch, whether the dataset left the global RNGs alone: then its parts
@@ -430,7 +508,11 @@ def _fetch_group(
     base, epoch, ks = seed
     fetcher = args.fetcher
     started = time.perf_counter()
-    arena.begin(ahead=ahead)
+    try:
+        arena.begin(ahead=ahead)  # may find /dev/shm full: every batch of the group says so
+    except Exception as exc:
+        err = RemoteError(exc, _where(args, None))
+        return [("err", gen, index + j, err) for j in range(len(tasks))]
     batches: list[Any] = []
     skips: list[Any] = []
     seeds = batch_seeds(base, epoch, ks) if fetcher.draws else [None] * len(tasks)
@@ -474,22 +556,41 @@ def _stop_iteration_error(args: WorkerArgs, task: Any) -> RemoteError:
 def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
     """A worker thread: the same loop as a process, passing batch objects (in-process).
 
+    Whatever the dataset throws that is not an ``Exception`` (``sys.exit()``,
+    ``KeyboardInterrupt``...) ends the thread as it would end a process: its last message,
+    :data:`BYE` with what ended it, tells the main process that the worker is dead.
+
     Args:
         args: the worker's settings.
         inbox: a ``queue.SimpleQueue`` of tasks (``None`` stops the thread).
         outbox: the queue shared by all threads, of ``(worker_id, message)``.
     """
     wid = args.worker_id
+    try:
+        _serve_thread(args, inbox, outbox)
+    except _Ended as exc:
+        outbox.put((wid, (*BYE, None, (exc.remote.summary(), None))))
+    except BaseException as exc:  # stoker's own code failed: still a dead worker, saying why
+        why = RemoteError(exc, f"worker thread {wid}", keep_object=True).summary()
+        outbox.put((wid, (*BYE, None, (why, None))))
+    finally:
+        set_worker_info(None, whole_process=False)
+
+
+def _serve_thread(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
+    wid = args.worker_id
     fetcher = args.fetcher
     iterable = isinstance(fetcher, IterableFetcher)
     generation = None
     try:
-        _start(args, whole_process=False)
+        _setup(args, whole_process=False)
     except Exception as exc:
         where = f"worker thread {wid} start-up"
         outbox.put((wid, ("err", -1, -1, RemoteError(exc, where, keep_object=True))))
         return
-    outbox.put((wid, ("ready", -1, -2)))
+    outbox.put((wid, READY))
+    if not _init(args, lambda msg: outbox.put((wid, msg))):
+        return
     board = args.board
     assert args.rng_guard is not None and board is not None
     alloc = args.buffers.alloc if args.buffers is not None else None
@@ -498,55 +599,47 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
     if isinstance(fetcher, MapFetcher):
         split = functools.partial(fetcher.fetch_skipping, alloc=alloc, map_fn=board.map)
     fetched = 0  # batches of an iterable dataset this epoch
-    try:
-        while True:
-            msg = board.next_message(wid, inbox)
-            if msg is None:
-                return
-            if msg[0] == "help":  # samples of another thread's slow batch
-                msg[1].work()
-                continue
-            gen, index, task, seed, _freed = msg
-            if gen != generation:
-                generation = gen
-                _reset_fetcher(fetcher)
-                if iterable:
-                    _enter_epoch(args, seed, whole_process=False)
-                    fetched = 0
-            if iterable:  # threads share the RNGs: each batch is seeded on its own
-                seed, fetched = mix_seed(seed, fetched), fetched + 1
-            if iterable and fetcher.ended:  # type: ignore[union-attr]
-                outbox.put((wid, ("end", gen, index)))
-                continue
-            started = time.perf_counter()
-            try:
-                if fetcher.draws:
-                    data, skipped = args.rng_guard.fetch(split, task, seed, whole)
-                else:
-                    data, skipped = split(task)
-                if args.pin_device is not None and data is not None:
-                    data = pin(data, args.pin_device)
-            except StopIteration:
-                reply: tuple[Any, ...] = ("end", gen, index)
-                if not iterable:
-                    err = _stop_iteration_error(args, task)
-                    err.exc = RuntimeError(err.text)
-                    reply = ("err", gen, index, err)
-                outbox.put((wid, reply))
-                continue
-            except Exception as exc:
-                where = f"worker thread {wid} on sample indices {_task_text(task)}"
-                outbox.put((wid, ("err", gen, index, RemoteError(exc, where, keep_object=True))))
-                continue
-            busy = time.perf_counter() - started
-            outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped, None)))
-    finally:
-        set_worker_info(None, whole_process=False)
-
-
-def _task_text(task: Any) -> str:
-    if isinstance(task, np.ndarray):
-        task = task.tolist()
-    if isinstance(task, list) and len(task) > _INDICES_SHOWN:
-        return f"[{', '.join(map(str, task[:_INDICES_SHOWN]))}, ...] ({len(task)} in all)"
-    return str(task)
+    while True:
+        msg = board.next_message(wid, inbox)
+        if msg is None:
+            return
+        if msg[0] == "help":  # samples of another thread's slow batch
+            msg[1].work()
+            continue
+        gen, index, task, seed, _freed = msg
+        if gen != generation:
+            generation = gen
+            _reset_fetcher(fetcher)
+            if iterable:
+                _enter_epoch(args, seed, whole_process=False)
+                fetched = 0
+        if iterable:  # threads share the RNGs: each batch is seeded on its own
+            seed, fetched = mix_seed(seed, fetched), fetched + 1
+        if iterable and fetcher.ended:  # type: ignore[union-attr]
+            outbox.put((wid, ("end", gen, index)))
+            continue
+        started = time.perf_counter()
+        try:
+            if fetcher.draws:
+                data, skipped = args.rng_guard.fetch(split, task, seed, whole)
+            else:
+                data, skipped = split(task)
+            if args.pin_device is not None and data is not None:
+                data = pin(data, args.pin_device)
+        except StopIteration:
+            reply: tuple[Any, ...] = ("end", gen, index)
+            if not iterable:
+                err = _stop_iteration_error(args, task)
+                err.exc = RuntimeError(err.text)
+                reply = ("err", gen, index, err)
+            outbox.put((wid, reply))
+            continue
+        except Exception as exc:
+            # No local name for it: the main thread's frames join the exception's traceback
+            # when it is raised there, and this frame must not keep them (and the iterator).
+            outbox.put((wid, ("err", gen, index, RemoteError(exc, _where(args, task), True))))
+            continue
+        except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
+            raise _Ended(exc, _where(args, task)) from None
+        busy = time.perf_counter() - started
+        outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped, None)))
