@@ -406,8 +406,17 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         if ended is None and args.hand_off:
             with contextlib.suppress(OSError):
                 os.nice(19)
-    if ended is not None:  # exit quietly (the main process was told why) with the code said
-        raise SystemExit(ended.code)
+    code = 0 if ended is None else ended.code  # the main process was told why
+    if not args.hand_off:
+        # A spawned or forkserver worker would exit through the interpreter's finalization,
+        # seconds with torch loaded on a busy machine, while the main process waits for it
+        # to be gone. Nothing is left to finalise (pipe and arena closed, goodbye said).
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    if ended is not None:  # exit quietly with the code said
+        raise SystemExit(code)
 
 
 def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
