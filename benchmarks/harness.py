@@ -74,6 +74,11 @@ def stoker_front(front: str) -> Any:
         ) from exc
 
 
+def front_suffix(front: str) -> str:
+    """What a results file's name gets for a run through ``front`` ("" for ``stoker``)."""
+    return "" if front == "stoker" else f"_{front}front"
+
+
 def versions() -> dict[str, str]:
     """Versions of Python and of the libraries that a result depends on."""
     out = {"python": platform.python_version()}

@@ -107,7 +107,7 @@ def main() -> None:
         },
     )
     harness.compare(
-        f"w2_transport_{w}w",
+        f"w2_transport_{w}w{harness.front_suffix(args.front)}",
         contenders,
         repeats=args.repeats,
         baseline=f"torch {w} workers",

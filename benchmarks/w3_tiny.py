@@ -103,7 +103,7 @@ def main() -> None:
     if ours.stoker_only and args.workers:
         base = "stoker in process"
         harness.compare(
-            f"w3_tiny_{args.workers}w_stoker",
+            f"w3_tiny_{args.workers}w_stoker{harness.front_suffix(args.front)}",
             {base: ours_only.pop(base), **ours_only},
             repeats=args.repeats,
             baseline=base,
@@ -133,7 +133,7 @@ def main() -> None:
         },
     )
     harness.compare(
-        f"w3_tiny_{args.workers}w",
+        f"w3_tiny_{args.workers}w{harness.front_suffix(args.front)}",
         contenders,
         repeats=args.repeats,
         warmup=args.warmup,

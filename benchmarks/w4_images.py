@@ -248,7 +248,7 @@ def main() -> None:
                 )
         contenders = peers.add(contenders, peer_contenders(root, workers))
         record = harness.compare(
-            f"w4_images_{workers}w",
+            f"w4_images_{workers}w{harness.front_suffix(args.front)}",
             contenders,
             repeats=args.repeats,
             config={
