@@ -526,3 +526,30 @@ def test_timeout_covers_a_stuck_worker_init_fn_as_in_torch() -> None:
             os.close(r)
             os.close(w)
     assert all(1.0 <= t < 3.0 for t in took.values()), took
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("mode", [*MODES, "in process"])
+def test_ctrl_c_in_a_batch_finalizer_is_raised_at_the_next_batch(mode: str) -> None:
+    """A KeyboardInterrupt that lands in one of stoker's finalizers (a batch's memory going
+    home), which Python would ignore, is raised by the iterator's next step."""
+    import weakref
+
+    from stoker._engine._interrupts import deferred
+
+    loader = DataLoader(range(8), batch_size=2) if mode == "in process" else None
+    it = iter(loader if loader is not None else _loader(Hostile("none"), mode))
+    next(it)
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    weakref.finalize(owner, deferred(_interrupt))
+    del owner  # Python would print "KeyboardInterrupt ignored" and go on
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    del it

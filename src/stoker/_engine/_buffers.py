@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from stoker._engine._interrupts import deferred
+
 MIN_BYTES = 1 << 20
 """Smaller leaves are allocated as usual: they cost less to make than to track."""
 
@@ -69,7 +71,7 @@ class BufferPool:
             return np.empty(shape, dtype)
         buf = self._take(nbytes)
         exporter: Any = (ctypes.c_char * nbytes).from_buffer(buf.data)
-        weakref.finalize(exporter, self._give_back, buf)
+        weakref.finalize(exporter, deferred(self._give_back), buf)
         out: np.ndarray[Any, Any] = np.frombuffer(exporter, dtype, count)
         return out.reshape(shape)
 

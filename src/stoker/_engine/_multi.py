@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from stoker._collate import DefaultCollate
 from stoker._dataset import draws_nothing
 from stoker._engine._buffers import for_loader
+from stoker._engine._interrupts import raise_pending
 from stoker._engine._pin import pin, slot_pins
 from stoker._engine._pool import ProcessPool, ThreadPool
 from stoker._engine._tail import concat, mergeable, plan, worth_splitting
@@ -409,6 +410,7 @@ class MultiWorkerIterator:
         return len(self._loader)
 
     def __next__(self) -> Any:
+        raise_pending()  # a Ctrl-C that landed while a batch's memory went home
         entered = time.perf_counter()
         if not self._pool.alive:
             raise StopIteration

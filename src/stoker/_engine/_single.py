@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from stoker._engine._buffers import for_loader
+from stoker._engine._interrupts import raise_pending
 from stoker._engine._pin import pin
 from stoker._random import call_seeded, mix_seed
 from stoker._stats import StatsRecorder
@@ -59,6 +60,7 @@ class SingleProcessIterator:
         return self
 
     def __next__(self) -> Any:
+        raise_pending()  # a Ctrl-C that landed while a batch's memory went home
         entered = time.perf_counter()
         epoch = self._epoch
         while True:

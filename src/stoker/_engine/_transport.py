@@ -49,6 +49,7 @@ import numpy as np
 
 from stoker import _torch
 from stoker._collate import numpy_dtype
+from stoker._engine._interrupts import deferred
 from stoker._engine._shm import ALIGN, Arena, SegmentMaps, _round_up
 
 _NUMPY = "n"
@@ -516,7 +517,7 @@ def decode(
         base = maps.view(name, size)
         # Every view of ``base`` shares base.base (the memoryview NumPy made for it), so it
         # dies with the last view of the batch, tensors included (they hold their array).
-        weakref.finalize(base.base, maps.freeing(name, on_free), sid)
+        weakref.finalize(base.base, deferred(maps.freeing(name, on_free)), sid)
     if isinstance(payload, tuple):  # the fast path: a tuple or list of leaves, or a group
         if payload[0] == _GROUP:
             return [_fast_batch(code, pids, base) for code, pids in payload[1]]
