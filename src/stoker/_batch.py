@@ -9,7 +9,6 @@ without building per-sample Python objects.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
@@ -22,10 +21,6 @@ Alloc = Callable[[tuple[int, ...], np.dtype[Any]], np.ndarray[Any, Any]]
 """Returns a writable, C-contiguous array of the given shape and dtype (e.g. in shared memory)."""
 
 _loading = threading.local()  # per thread: the memory the batch being loaded is collated into
-
-REUSE_MIN_BYTES = 1 << 20
-"""Leaves smaller than this go to fresh memory, larger ones to memory an allocator reuses:
-small ones cost less to make than to track."""
 
 
 def output_alloc() -> Alloc | None:
@@ -120,8 +115,7 @@ class ColumnBatch(Sequence[Any]):
                 out.append(_gather_tensor(src, self.indices))
                 continue
             # take, not arr[indices]: NumPy's fancy indexing of rows is ~4x slower
-            rows = len(self.indices)
-            if alloc is None or arr.itemsize * rows * math.prod(arr.shape[1:]) < REUSE_MIN_BYTES:
+            if alloc is None:
                 col = arr.take(self.indices, axis=0)
             else:
                 col = alloc((len(self.indices), *arr.shape[1:]), arr.dtype)

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from stoker._batch import REUSE_MIN_BYTES
 from stoker._engine._interrupts import deferred
 
-MIN_BYTES = REUSE_MIN_BYTES
+MIN_BYTES = 1 << 20
+"""Smaller leaves are allocated as usual: they cost less to make than to track."""
 
 _POOLS: dict[bool, weakref.WeakKeyDictionary[Any, BufferPool]] = {
     True: weakref.WeakKeyDictionary(),
