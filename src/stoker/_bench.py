@@ -261,21 +261,10 @@ def measure(
     try:
         for _ in range(warmup):
             next(stream)
-        samples = nbytes = 0
-        wait = 0.0
         t0 = time.perf_counter()
-        for _ in range(batches):
-            asked = time.perf_counter()
-            batch = next(stream)
-            wait += time.perf_counter() - asked
-            if consume is not None:
-                batch = consume(batch)
-            leaves = _leaves(batch)
-            shape: tuple[int, ...] = leaves[0].shape if leaves else ()
-            samples += int(shape[0]) if len(shape) else kwargs.get("batch_size") or 1
-            nbytes += sum(int(leaf.nbytes) for leaf in leaves)
-            if compute_s:
-                time.sleep(compute_s)
+        samples, nbytes, wait = _draw(
+            stream, batches, consume, compute_s, kwargs.get("batch_size") or 1
+        )
         if finish is not None:
             finish()
         seconds = time.perf_counter() - t0 - compute_s * batches
@@ -292,6 +281,36 @@ def measure(
         "input_bound": stats.input_bound if stats is not None else math.nan,
         "workers_used": stats.num_workers if stats is not None else kwargs["num_workers"],
     }
+
+
+def _draw(
+    stream: Generator[Any, None, None],
+    batches: int,
+    consume: Callable[[Any], Any] | None,
+    compute_s: float,
+    batch_size: int,
+) -> tuple[int, int, float]:
+    """The timed part of :func:`measure`: ``batches`` batches from ``stream``.
+
+    Returns:
+        Their samples (a batch's first leaf's length, else ``batch_size``), their bytes,
+        and the seconds the loop waited for them.
+    """
+    samples = nbytes = 0
+    wait = 0.0
+    for _ in range(batches):
+        asked = time.perf_counter()
+        batch = next(stream)
+        wait += time.perf_counter() - asked
+        if consume is not None:
+            batch = consume(batch)
+        leaves = _leaves(batch)
+        shape: tuple[int, ...] = leaves[0].shape if leaves else ()
+        samples += int(shape[0]) if len(shape) else batch_size
+        nbytes += sum(int(leaf.nbytes) for leaf in leaves)
+        if compute_s:
+            time.sleep(compute_s)
+    return samples, nbytes, wait
 
 
 def alternate(
@@ -724,6 +743,34 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         flush=True,
     )
     timing = {"batches": args.batches, "warmup": args.warmup, "compute_s": args.compute_ms / 1e3}
+    rows = _sweep(args, dataset, timing)
+    best, line = recommend(rows)
+    print(format_table(rows, best), file=out)
+    print(line, file=out, flush=True)
+    record = {
+        "tool": "stoker bench",
+        "command": command_line(args),
+        "cores": cpus,
+        "cpu_count": os.cpu_count(),
+        "versions": _versions(),
+        "dataset": data,
+        "settings": {k: getattr(args, k) for k in ("batches", "warmup", "repeats", "compute_ms")},
+        "rows": rows,
+        "best": best,
+        "recommendation": line,
+        "pin_memory_x_non_blocking": _pin_part(args, dataset, best, timing, out),
+    }
+    try:
+        _write_results(args, record, f"stoker bench: {data['kind']} dataset, {cpus} CPUs", out)
+    except OSError as exc:
+        error("bench", f"cannot write the results: {exc}")
+        return 1
+    return 0
+
+
+def _sweep(args: argparse.Namespace, dataset: Any, timing: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sweep's table: every configuration timed ``args.repeats`` times, alternating,
+    with its speed-up over ``num_workers=0`` at the same batch size."""
     configs = configurations(args.workers, args.worker_mode, args.batch_size, args.auto)
     progress = _Progress(len(configs) * args.repeats, None if args.quiet else sys.stderr)
     try:
@@ -745,55 +792,50 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     for row in rows:
         base = [r for r in rows if r["num_workers"] == 0 and r["batch_size"] == row["batch_size"]]
         row["speedup"] = row["samples_per_s"] / base[0]["samples_per_s"] if base else None
-    best, line = recommend(rows)
-    print(format_table(rows, best), file=out)
-    print(line, file=out, flush=True)
+    return rows
 
+
+def _pin_part(
+    args: argparse.Namespace,
+    dataset: Any,
+    best: dict[str, Any],
+    timing: dict[str, Any],
+    out: TextIO,
+) -> dict[str, Any]:
+    """The pin_memory x non_blocking comparison on the best configuration, printed and as a
+    JSON record; only why it was skipped where there is no accelerator."""
     device, reason = accelerator()
-    pin: dict[str, Any] = {"skipped": reason}
-    if device is not None:
-        chosen = Config(best["num_workers"], best["worker_mode"], best["batch_size"])
-        print(f"pin_memory x non_blocking, copying to {device} ({chosen.label()}):", file=out)
-        bar = _Progress(4 * len(_LOADERS) * args.repeats, None if args.quiet else sys.stderr)
-        try:
-            pin_rows = pin_sweep(
-                dataset, chosen, device, repeats=args.repeats, progress=bar, **timing
-            )
-        finally:
-            bar.close()
-        print(format_pin_table(pin_rows), file=out)
-        pin = {"device": device, "config": chosen.loader_kwargs(), "rows": pin_rows}
-    else:
+    if device is None:
         print(reason, file=out)
-
-    record = {
-        "tool": "stoker bench",
-        "command": command_line(args),
-        "cores": cpus,
-        "cpu_count": os.cpu_count(),
-        "versions": _versions(),
-        "dataset": data,
-        "settings": {k: getattr(args, k) for k in ("batches", "warmup", "repeats", "compute_ms")},
-        "rows": rows,
-        "best": best,
-        "recommendation": line,
-        "pin_memory_x_non_blocking": pin,
-    }
+        return {"skipped": reason}
+    chosen = Config(best["num_workers"], best["worker_mode"], best["batch_size"])
+    print(f"pin_memory x non_blocking, copying to {device} ({chosen.label()}):", file=out)
+    bar = _Progress(4 * len(_LOADERS) * args.repeats, None if args.quiet else sys.stderr)
     try:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=2)
-        print(f"wrote {args.json}", file=out)
-        if not args.no_plot:
-            title = f"stoker bench: {data['kind']} dataset, {cpus} CPUs"
-            try:
-                write_plot(args.plot, rows, best, title)
-                print(f"wrote {args.plot}", file=out)
-            except ModuleNotFoundError:
-                print(_PLOT_MISSING, file=out)
-    except OSError as exc:
-        error("bench", f"cannot write the results: {exc}")
-        return 1
-    return 0
+        pin_rows = pin_sweep(dataset, chosen, device, repeats=args.repeats, progress=bar, **timing)
+    finally:
+        bar.close()
+    print(format_pin_table(pin_rows), file=out)
+    return {"device": device, "config": chosen.loader_kwargs(), "rows": pin_rows}
+
+
+def _write_results(
+    args: argparse.Namespace, record: dict[str, Any], title: str, out: TextIO
+) -> None:
+    """Writes the JSON record and, unless ``--no-plot``, the plot (where matplotlib is).
+
+    Raises:
+        OSError: a file could not be written.
+    """
+    with open(args.json, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"wrote {args.json}", file=out)
+    if not args.no_plot:
+        try:
+            write_plot(args.plot, record["rows"], record["best"], title)
+            print(f"wrote {args.plot}", file=out)
+        except ModuleNotFoundError:
+            print(_PLOT_MISSING, file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -472,10 +472,8 @@ def random_split(
 ) -> list[Subset[T]]:
     """Splits ``dataset`` at random into non-overlapping subsets of the given lengths.
 
-    ``lengths`` are either sizes summing to ``len(dataset)`` or fractions summing to 1.
-    Fractions become ``floor(fraction * len(dataset))``, and the samples left over are
-    handed out one at a time to the splits in order (so sizes equal torch's); a split that
-    ends up empty gives a warning.
+    ``lengths`` are sizes summing to ``len(dataset)`` or fractions summing to 1 (rounded
+    to sizes as torch does; an empty split gives a warning).
 
     Args:
         dataset: the dataset to split.
@@ -506,24 +504,45 @@ def random_split(
     n = len(dataset)
     total = sum(lengths)
     if math.isclose(total, 1) and total <= 1:
-        sizes: list[int] = []
-        for pos, frac in enumerate(lengths):
-            if not 0 <= frac <= 1:
-                raise ValueError(
-                    f"Fraction at index {pos} is not between 0 and 1: it is {frac}; give "
-                    "fractions in [0, 1] summing to 1, or sizes."
-                )
-            sizes.append(math.floor(n * frac))
-        for i in range(n - sum(sizes)):
-            sizes[i % len(sizes)] += 1
-        for pos, count in enumerate(sizes):
-            if count == 0:
-                warnings.warn(
-                    f"Length of split at index {pos} is 0. This might result in an empty dataset.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-        lengths = sizes
+        lengths = _sizes_of_fractions(lengths, n)
+    _check_sizes(lengths, n)
+    order = _permutation(n, generator)
+    ends = itertools.accumulate(int(s) for s in lengths)
+    return [
+        Subset(dataset, order[end - int(size) : end])
+        for end, size in zip(ends, lengths, strict=True)
+    ]
+
+
+def _sizes_of_fractions(fractions: Sequence[int | float], n: int) -> list[int]:
+    """Split sizes for ``fractions`` of ``n`` samples, the remainder dealt out as torch does.
+
+    Each size is ``floor(fraction * n)``; the samples left over go one at a time to the
+    splits in order. A split left empty gives torch's warning, pointing at the caller of
+    :func:`random_split`.
+    """
+    sizes: list[int] = []
+    for pos, frac in enumerate(fractions):
+        if not 0 <= frac <= 1:
+            raise ValueError(
+                f"Fraction at index {pos} is not between 0 and 1: it is {frac}; give "
+                "fractions in [0, 1] summing to 1, or sizes."
+            )
+        sizes.append(math.floor(n * frac))
+    for i in range(n - sum(sizes)):
+        sizes[i % len(sizes)] += 1
+    for pos, count in enumerate(sizes):
+        if count == 0:
+            warnings.warn(
+                f"Length of split at index {pos} is 0. This might result in an empty dataset.",
+                UserWarning,
+                stacklevel=3,
+            )
+    return sizes
+
+
+def _check_sizes(lengths: Sequence[int | float], n: int) -> None:
+    """Raises unless ``lengths`` are non-negative ints that add up to ``n``."""
     if sum(lengths) != n:
         raise ValueError(
             "Sum of input lengths does not equal the length of the input dataset: lengths "
@@ -538,18 +557,18 @@ def random_split(
             )
         if size < 0:
             raise ValueError(f"lengths must be >= 0, but the one at index {pos} is {size}.")
+
+
+def _permutation(n: int, generator: GeneratorLike) -> list[int]:
+    """A random order of ``range(n)``: torch's ``randperm`` on a torch stream, else NumPy's."""
     stream = torch_stream(generator)
-    if stream is not None:  # torch's split: one permutation drawn from the stream
+    if stream is not None:
         torch = _torch.loaded()
         assert torch is not None, "a torch stream needs torch"
-        order = torch.randperm(n, generator=stream).tolist()
-    else:
-        order = rng(draw_seed(generator)).permutation(n).tolist()
-    ends = itertools.accumulate(int(s) for s in lengths)
-    return [
-        Subset(dataset, order[end - int(size) : end])
-        for end, size in zip(ends, lengths, strict=True)
-    ]
+        order: list[int] = torch.randperm(n, generator=stream).tolist()
+        return order
+    order = rng(draw_seed(generator)).permutation(n).tolist()
+    return order
 
 
 # Classes that only rename a stoker class (stoker.torch's), mapped to the class they equal.

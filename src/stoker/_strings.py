@@ -445,16 +445,10 @@ def _framed(full: _Array, offsets: _Array) -> tuple[_Array, _Array, _Array, _Arr
     if n < 64:
         return None
     data, words = full[: int(offsets[-1])], _words(full)
-    limit = max(1024, n // 32)
+    frames = _FrameFinder(words, limit=max(1024, n // 32))
     ids = np.empty(n, np.int64)
     cuts = np.empty(n, np.int64)
     dots = np.empty(n, np.int64)
-    refs = np.empty((0, 4), np.int64)  # per frame, its first item's (start, cut, dot, end)
-    common = np.empty(0, np.int64)  # per frame, how many name bytes all its items share
-    hashes = np.empty(0, np.uint64)  # the frames' hashes, sorted
-    hashes_frame = np.empty(0, np.int64)  # the frame of each
-    # the words of each frame's directory, extension and first name, for the checks
-    ref_dirs, ref_exts, ref_names = (np.empty((0, 1), np.uint64) for _ in range(3))
     for k in range(0, n, _CHUNK):
         lo, hi = offsets[k : k + _CHUNK + 1][:-1], offsets[k + 1 : k + _CHUNK + 1]
         cut, dot = _split(data, lo, hi)
@@ -464,50 +458,86 @@ def _framed(full: _Array, offsets: _Array) -> tuple[_Array, _Array, _Array, _Arr
         digest = (
             _digest(dirs, 0) + _digest(exts, 1 << 20) + _digest(widths.astype(np.uint64), 1 << 21)
         )
-        # Known frames by binary search in their sorted hashes; then number the new ones.
-        f = np.full(len(lo), -1, np.int64)
-        if len(hashes):
-            at = np.minimum(np.searchsorted(hashes, digest), len(hashes) - 1)
-            f = np.where(hashes[at] == digest, hashes_frame[at], f)
-        new = np.flatnonzero(f < 0)
-        if len(new):
-            fresh, first, inverse = np.unique(digest[new], return_index=True, return_inverse=True)
-            f[new] = len(refs) + inverse
-            first = new[first]
-            hashes_frame = np.append(hashes_frame, np.arange(len(refs), len(refs) + len(fresh)))
-            refs = np.concatenate((refs, np.stack((lo, cut, dot, hi), 1)[first]))
-            if len(refs) > limit:
-                return None
-            common = np.concatenate((common, (dot - cut)[first]))
-            hashes = np.concatenate((hashes, fresh))
-            order = np.argsort(hashes)
-            hashes, hashes_frame = hashes[order], hashes_frame[order]
-            # The words of each frame's directory, extension and first name, for the checks.
-            ref_dirs = _append_rows(ref_dirs, dirs[first])
-            ref_exts = _append_rows(ref_exts, exts[first])
-            name_rows = _word_rows(words, cut[first], dot[first] - cut[first])
-            ref_names = _append_rows(ref_names, name_rows)
-        ids[k : k + len(lo)] = f
-        # Exact check (hashes may collide): every item has the directory and extension of
-        # its frame's first item.
-        ref = refs[f]
-        if not (
-            np.array_equal(np.stack((ref[:, 1] - ref[:, 0], ref[:, 3] - ref[:, 2]), 1), widths)
-            and np.array_equal(_widen(ref_dirs, dirs.shape[1])[f, : dirs.shape[1]], dirs)
-            and np.array_equal(_widen(ref_exts, exts.shape[1])[f, : exts.shape[1]], exts)
-        ):
+        f = frames.assign(digest, np.stack((lo, cut, dot, hi), 1), dirs, exts)
+        if f is None or not frames.matches(f, widths, dirs, exts):
             return None
-        # A frame's common prefix is what all its names share with the frame's first name:
-        # find the names that do not start with it, and shorten it to what they share.
+        ids[k : k + len(lo)] = f
+        frames.shorten(f, cut, dot)
+    return _pack(data, offsets, ids, cuts, dots, frames.refs, frames.common)
+
+
+class _FrameFinder:
+    """The frames :func:`_framed` has found so far, looked up by the hash of their keys.
+
+    A frame is a directory, an extension and the name prefix its items share; its first
+    item stands for it in the exact checks, because hashes may collide.
+    """
+
+    def __init__(self, words: _Array, limit: int) -> None:
+        self.words = words
+        self.limit = limit
+        self.refs = np.empty((0, 4), np.int64)  # per frame, its first item's (start, cut, dot, end)
+        self.common = np.empty(0, np.int64)  # per frame, how many name bytes all its items share
+        self.hashes = np.empty(0, np.uint64)  # the frames' hashes, sorted
+        self.hashes_frame = np.empty(0, np.int64)  # the frame of each
+        # the words of each frame's directory, extension and first name, for the checks
+        self.dirs, self.exts, self.names = (np.empty((0, 1), np.uint64) for _ in range(3))
+
+    def assign(self, digest: _Array, rows: _Array, dirs: _Array, exts: _Array) -> _Array | None:
+        """Each item's frame: known ones by binary search in the sorted hashes, then new ones
+        numbered on; None once there are more frames than ``limit``.
+
+        ``rows`` holds each item's (start, cut, dot, end); ``dirs`` and ``exts`` the words of
+        its directory and extension.
+        """
+        f = np.full(len(digest), -1, np.int64)
+        if len(self.hashes):
+            at = np.minimum(np.searchsorted(self.hashes, digest), len(self.hashes) - 1)
+            f = np.where(self.hashes[at] == digest, self.hashes_frame[at], f)
+        new = np.flatnonzero(f < 0)
+        if not len(new):
+            return f
+        fresh, first, inverse = np.unique(digest[new], return_index=True, return_inverse=True)
+        count = len(self.refs)
+        f[new] = count + inverse
+        first = new[first]
+        self.hashes_frame = np.append(self.hashes_frame, np.arange(count, count + len(fresh)))
+        self.refs = np.concatenate((self.refs, rows[first]))
+        if len(self.refs) > self.limit:
+            return None
+        _, cut, dot, _ = rows[first].T
+        self.common = np.concatenate((self.common, dot - cut))
+        self.hashes = np.concatenate((self.hashes, fresh))
+        order = np.argsort(self.hashes)
+        self.hashes, self.hashes_frame = self.hashes[order], self.hashes_frame[order]
+        self.dirs = _append_rows(self.dirs, dirs[first])
+        self.exts = _append_rows(self.exts, exts[first])
+        self.names = _append_rows(self.names, _word_rows(self.words, cut, dot - cut))
+        return f
+
+    def matches(self, f: _Array, widths: _Array, dirs: _Array, exts: _Array) -> bool:
+        """Whether every item has the directory and extension of its frame's first item."""
+        ref = self.refs[f]
+        return (
+            np.array_equal(np.stack((ref[:, 1] - ref[:, 0], ref[:, 3] - ref[:, 2]), 1), widths)
+            and np.array_equal(_widen(self.dirs, dirs.shape[1])[f, : dirs.shape[1]], dirs)
+            and np.array_equal(_widen(self.exts, exts.shape[1])[f, : exts.shape[1]], exts)
+        )
+
+    def shorten(self, f: _Array, cut: _Array, dot: _Array) -> None:
+        """Shortens each frame's common prefix to what its items' names (``cut:dot``) share.
+
+        Only the names that do not start with the frame's first name are compared in full.
+        """
+        words, common = self.words, self.common
         width = np.minimum(dot - cut, common[f])
         k_stem = _word_count(width)
         mask = _mask(width, k_stem)
         names = words[_word_at(words, cut, k_stem)] & mask
-        theirs = _widen(ref_names, k_stem)[f, :k_stem] & mask
+        theirs = _widen(self.names, k_stem)[f, :k_stem] & mask
         short = np.flatnonzero((width < common[f]) | (names != theirs).any(1))
         same = _shared_prefix(names[short], theirs[short], width[short])
         np.minimum.at(common, f[short], same)
-    return _pack(data, offsets, ids, cuts, dots, refs, common)
 
 
 def _pack(

@@ -343,6 +343,36 @@ def _npy(arr: np.ndarray[Any, Any]) -> bytes:
     return buf.getvalue()
 
 
+def _local_file(
+    path: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None,
+    storage_options: Mapping[str, Any] | None,
+) -> str:
+    """The local LMDB file (or folder) for ``path``: a remote one downloaded to ``cache_dir``.
+
+    Raises:
+        FileNotFoundError: the file is missing, or is a folder without ``data.mdb``.
+    """
+    url = os.fspath(path)
+    if _remote.is_remote(url) and cache_dir is None:
+        import tempfile
+
+        cache_dir = os.path.join(tempfile.gettempdir(), "stoker-cache")
+    local = _remote.cached(url, cache_dir, _remote.check_storage_options(storage_options))
+    assert local is not None
+    if not os.path.exists(local):
+        raise FileNotFoundError(
+            f"LMDB file {local!r} does not exist; create it with LMDBWriter or "
+            "`stoker pack SRC DST --format lmdb`."
+        )
+    if os.path.isdir(local) and not os.path.isfile(os.path.join(local, "data.mdb")):
+        raise FileNotFoundError(
+            f"{local!r} is a folder without an LMDB data.mdb; pass the LMDB file itself "
+            "(or a folder LMDB wrote with subdir=True)."
+        )
+    return local
+
+
 class LMDBDataset(Dataset[Any]):
     """A map-style dataset over an LMDB file written by :class:`LMDBWriter` or ``stoker pack``.
 
@@ -384,27 +414,28 @@ class LMDBDataset(Dataset[Any]):
         cache_dir: str | os.PathLike[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        url = os.fspath(path)
-        if _remote.is_remote(url) and cache_dir is None:
-            import tempfile
-
-            cache_dir = os.path.join(tempfile.gettempdir(), "stoker-cache")
-        local = _remote.cached(url, cache_dir, _remote.check_storage_options(storage_options))
-        assert local is not None
-        if not os.path.exists(local):
-            raise FileNotFoundError(
-                f"LMDB file {local!r} does not exist; create it with LMDBWriter or "
-                "`stoker pack SRC DST --format lmdb`."
-            )
-        self.path = local
-        self._subdir = os.path.isdir(local)
-        if self._subdir and not os.path.isfile(os.path.join(local, "data.mdb")):
-            raise FileNotFoundError(
-                f"{local!r} is a folder without an LMDB data.mdb; pass the LMDB file itself "
-                "(or a folder LMDB wrote with subdir=True)."
-            )
+        self.path = _local_file(path, cache_dir, storage_options)
+        self._subdir = os.path.isdir(self.path)
         self._env: Any = None
         self._pid = -1
+        meta, self.keys, self._sets = self._read_meta()
+        self.meta: dict[str, Any] = meta
+        self._fieldsets = [tuple(s) for s in self.meta["fieldsets"]]
+        spec = list(fields) if fields is not None else list(self.meta["spec"])
+        kind = self.meta.get("kind") if fields is None else spec_kind(spec, None)
+        self.classes: list[str] = list(self.meta.get("extra", {}).get("classes", []))
+        self._asm = Assembler(spec, kind, self.meta["codecs"], transform, target_transform, decode)
+
+    def _read_meta(self) -> tuple[Any, np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The writer's metadata (parsed JSON), sample keys and field sets, checked.
+
+        The handle is closed after, so that no forked worker inherits it.
+
+        Raises:
+            ValueError: the file holds no stoker metadata, or of another version.
+            CorruptRecordError: the metadata cannot be read or parsed.
+        """
+        local = self.path
         try:
             with self._open_env().begin(buffers=False) as txn:
                 raw_meta = txn.get(META_KEY)
@@ -419,23 +450,19 @@ class LMDBDataset(Dataset[Any]):
                 "write it with LMDBWriter or `stoker pack`."
             )
         try:
-            self.meta: dict[str, Any] = json.loads(raw_meta)
-            self.keys: np.ndarray[Any, Any] = np.load(io.BytesIO(raw_keys), allow_pickle=False)
-            self._sets: np.ndarray[Any, Any] = np.load(io.BytesIO(raw_sets), allow_pickle=False)
+            meta = json.loads(raw_meta)
+            keys: np.ndarray[Any, Any] = np.load(io.BytesIO(raw_keys), allow_pickle=False)
+            sets: np.ndarray[Any, Any] = np.load(io.BytesIO(raw_sets), allow_pickle=False)
         except ValueError as exc:
             raise CorruptRecordError(
                 f"corrupt metadata in {local!r} (__stoker__/*): {exc}. Rewrite the file."
             ) from exc
-        if self.meta.get("format") != FORMAT or len(self.keys) != self.meta.get("length"):
+        if meta.get("format") != FORMAT or len(keys) != meta.get("length"):
             raise ValueError(
                 f"{local!r} does not hold stoker LMDB metadata of version {VERSION} "
-                f"(found format {self.meta.get('format')!r}); rewrite it with LMDBWriter."
+                f"(found format {meta.get('format')!r}); rewrite it with LMDBWriter."
             )
-        self._fieldsets = [tuple(s) for s in self.meta["fieldsets"]]
-        spec = list(fields) if fields is not None else list(self.meta["spec"])
-        kind = self.meta.get("kind") if fields is None else spec_kind(spec, None)
-        self.classes: list[str] = list(self.meta.get("extra", {}).get("classes", []))
-        self._asm = Assembler(spec, kind, self.meta["codecs"], transform, target_transform, decode)
+        return meta, keys, sets
 
     @property
     def transform(self) -> Callable[[Any], Any] | None:

@@ -205,28 +205,9 @@ def pack(
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}.")
     check_limits(maxcount, maxsize)
     dst = os.path.abspath(_remote.local_path(os.fspath(dst)))
-    if isinstance(src, (str, os.PathLike)) and os.path.exists(os.fspath(src)):
-        source = os.path.realpath(os.fspath(src))
-        if os.path.commonpath([source, os.path.realpath(dst)]) == os.path.realpath(dst):
-            raise ValueError(
-                f"the output {dst!r} is the source {os.fspath(src)!r} or a folder holding "
-                "it; writing there would replace the source: pick another output."
-            )
-    if os.path.lexists(dst) and not overwrite:
-        raise FileExistsError(
-            f"{dst!r} already exists; pass overwrite=True (--overwrite) or pick another name."
-        )
+    _check_destination(src, dst, overwrite)
     t0 = time.perf_counter()
-    fields: list[str] | None = None
-    extra: dict[str, Any] = {}
-    if isinstance(src, (str, os.PathLike)) and os.path.isdir(os.fspath(src)):
-        n, samples, fields, classes = _folder_samples(os.fspath(src))
-        extra = {"classes": classes, "source": os.path.abspath(os.fspath(src))}
-    elif isinstance(src, str):
-        n, samples = _dataset_samples(load_factory(src))
-        extra = {"source": src}
-    else:
-        n, samples = _dataset_samples(src)
+    n, samples, fields, extra = _source_samples(src)
     stream = sys.stderr if progress is True else (None if progress is False else progress)
     bar = _Progress(n, f"stoker pack -> {os.path.basename(dst)}", stream)
     try:
@@ -238,6 +219,35 @@ def pack(
         bar.close()
     size = sum(os.path.getsize(f) for f in files)
     return PackSummary(dst, format, bar.done, size, time.perf_counter() - t0, tuple(files))
+
+
+def _check_destination(src: Any, dst: str, overwrite: bool) -> None:
+    """Raises unless :func:`pack` may write ``dst``: not over its source, not over an
+    existing file unless ``overwrite``."""
+    if isinstance(src, (str, os.PathLike)) and os.path.exists(os.fspath(src)):
+        source = os.path.realpath(os.fspath(src))
+        if os.path.commonpath([source, os.path.realpath(dst)]) == os.path.realpath(dst):
+            raise ValueError(
+                f"the output {dst!r} is the source {os.fspath(src)!r} or a folder holding "
+                "it; writing there would replace the source: pick another output."
+            )
+    if os.path.lexists(dst) and not overwrite:
+        raise FileExistsError(
+            f"{dst!r} already exists; pass overwrite=True (--overwrite) or pick another name."
+        )
+
+
+def _source_samples(src: Any) -> tuple[int, Iterator[Any], list[str] | None, dict[str, Any]]:
+    """What :func:`pack` reads from ``src``: the sample count, the samples, the field spec
+    (an image folder's; None for a dataset's own) and the metadata to store beside them."""
+    if isinstance(src, (str, os.PathLike)) and os.path.isdir(os.fspath(src)):
+        n, samples, fields, classes = _folder_samples(os.fspath(src))
+        return n, samples, fields, {"classes": classes, "source": os.path.abspath(os.fspath(src))}
+    if isinstance(src, str):
+        n, samples = _dataset_samples(load_factory(src))
+        return n, samples, None, {"source": src}
+    n, samples = _dataset_samples(src)
+    return n, samples, None, {}
 
 
 def _pack_lmdb(
