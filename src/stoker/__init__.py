@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from stoker._strings import StringArray
     from stoker._worker_info import WorkerInfo, get_worker_info
 
-# Where each public name lives. ``import stoker`` loads none of it (NumPy alone takes
-# ~0.1 s): a name's module is imported on first use, e.g. by ``from stoker import X``.
+# Where each public name lives. ``import stoker`` loads none of it (not even NumPy, the
+# slowest part): a name's module is imported on first use, e.g. by ``from stoker import X``.
 _HOME = {
     "default_collate": "_collate",
     "default_convert": "_collate",

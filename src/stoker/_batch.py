@@ -114,7 +114,7 @@ class ColumnBatch(Sequence[Any]):
             if arr is None:
                 out.append(_gather_tensor(src, self.indices))
                 continue
-            # take, not arr[indices]: NumPy's fancy indexing of rows is ~4x slower
+            # take, not arr[indices]: NumPy's fancy indexing of rows is much slower
             if alloc is None:
                 col = arr.take(self.indices, axis=0)
             else:

@@ -1,21 +1,15 @@
 """``stoker bench``: measure which ``num_workers`` (and ``worker_mode``, ``batch_size``) is fastest.
 
-One command for the seed documents' two tuning scripts: a sweep over worker counts, modes
-and batch sizes on a synthetic dataset (or the user's own, ``--dataset module:factory``),
-then ``pin_memory`` x ``non_blocking`` when torch has an accelerator (the best configuration,
-stoker's DataLoader beside torch's on the same data: GB/s reaching the device and the
-loop's wait; without one, a sentence says the sweep is skipped). Each configuration is
-timed over ``--batches`` batches after ``--warmup`` batches, ``--repeats`` times in
-alternating order (so drift on a noisy machine hits all alike), and reported by its median;
-the output is a table, a JSON file, a PNG plot (with the ``plot`` extra) and one
-recommendation line.
+A sweep over worker counts, modes and batch sizes on a synthetic dataset (or the user's
+own, ``--dataset module:factory``), then, where torch has an accelerator, ``pin_memory`` x
+``non_blocking`` on the best configuration, stoker's loader beside torch's. Each
+configuration is timed ``--repeats`` times in alternating order, so that drift on a noisy
+machine hits all alike, and reported by its median: a table, a JSON file (with the
+loader's statistics), a PNG plot (``plot`` extra) and one recommendation line. ``--auto``
+adds a ``num_workers="auto"`` row per mode.
 
-Only argparse runs at import, so ``stoker --help`` stays instant. Wire it in
-``stoker._cli.main`` with ``add_subcommand(sub)`` and, for ``args.command == "bench"``,
-``return run(args)``; ``python -m stoker._bench`` runs it on its own.
-
-``--auto`` adds a ``num_workers="auto"`` row per worker mode; every run also records the
-loader's statistics (input-bound fraction, workers in use) in the JSON runs.
+Only argparse runs at import, so ``stoker --help`` stays instant; ``stoker._cli`` wires it
+in with :func:`add_subcommand` and :func:`run`, and ``python -m stoker._bench`` runs it alone.
 """
 
 from __future__ import annotations

@@ -4,14 +4,13 @@ The structure rules are torch's: a mapping stays a mapping of the same type, a n
 stays a namedtuple, a tuple or list becomes a list of columns, str and bytes stay as they
 are, and arrays, tensors and numbers are stacked along a new first axis.
 
-What the leaves become follows ``tensor_type``: ``None`` gives torch tensors when any leaf of
-a sample is a ``torch.Tensor`` (then every number and array becomes a tensor exactly as torch
-makes it) and NumPy arrays otherwise; ``"numpy"`` and ``"torch"`` force one kind. Like every
-other decision, this one looks at the first sample only (the samples of a batch share one
-structure): each field's handler is chosen once per batch, and stacking is vectorised.
+``tensor_type`` decides what leaves become: ``None`` gives torch tensors (exactly as torch
+makes them) when any leaf of a sample is a ``torch.Tensor``, else NumPy arrays; ``"numpy"``
+and ``"torch"`` force one. Every decision looks at the first sample only (a batch's samples
+share one structure), so each field's handler is chosen once per batch.
 
-Given an ``alloc`` (see :data:`stoker._batch.Alloc`), every stacked leaf is written into the
-memory it returns, so that a worker collates straight into shared memory with one copy.
+Given an ``alloc`` (:data:`stoker._batch.Alloc`), stacked leaves are written into the memory
+it returns: a worker collates straight into shared memory, one copy.
 """
 
 from __future__ import annotations

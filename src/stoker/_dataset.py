@@ -478,10 +478,9 @@ def random_split(
     Args:
         dataset: the dataset to split.
         lengths: the size, or the fraction, of each split.
-        generator: the randomness. A ``torch.Generator``, or None with torch imported
-            (torch's global RNG), gives torch's split: ``torch.randperm`` drawn from it.
-            An int seed, a ``numpy.random.Generator``, or None without torch (NumPy's
-            global RNG) draw one seed and permute with NumPy.
+        generator: a ``torch.Generator``, or None with torch imported, gives torch's split
+            (``torch.randperm``); an int seed, a ``numpy.random.Generator``, or None without
+            torch draw one seed and permute with NumPy.
 
     Returns:
         One :class:`Subset` per entry of ``lengths``.
@@ -489,8 +488,7 @@ def random_split(
     Raises:
         ValueError: a fraction is outside [0, 1], a length is negative, or the lengths do
             not add up to ``len(dataset)``.
-        TypeError: a length is neither an int nor a fraction, or ``generator`` is of an
-            unsupported kind.
+        TypeError: a length is not an int or a fraction, or ``generator`` is of another kind.
 
     >>> parts = random_split(range(10), [0.3, 0.7], generator=0)
     >>> [len(p) for p in parts]

@@ -28,15 +28,13 @@ class MapFetcher:
     With automatic batching a task is a list (or int64 array) of indices: the dataset's
     ``__getitems__`` is called once if it has one, else ``__getitem__`` per index, and the
     samples are collated. Without it, a task is one index and the sample is converted.
-    Datasets whose class sets ``_stoker_index_array = True`` get indices as an int64 array;
-    others get a list of Python ints, as torch gives them.
+    Datasets whose class sets ``_stoker_index_array = True`` get indices as an int64 array,
+    others a list of Python ints, as torch gives them.
 
-    With ``skip_errors``, a batch whose loading raises an ``Exception`` is loaded again
-    sample by sample; the samples that raise are left out and the rest are collated (the
-    collate function is not retried). The same samples fail in every run, so the same are
-    skipped. :meth:`fetch_skipping` returns the record with the batch (no state is kept on
-    the fetcher: thread workers share one); when every sample of a batch failed, the
-    batch is None and the record says it is dropped.
+    With ``skip_errors``, a batch whose loading raises is loaded again sample by sample and
+    the samples that raise are left out (the same ones in every run); the collate function is
+    not retried. :meth:`fetch_skipping` returns the record with the batch and keeps no state
+    on the fetcher, which thread workers share; a batch whose every sample failed is None.
     """
 
     def __init__(

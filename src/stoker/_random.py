@@ -181,8 +181,8 @@ def seed_globals(seed: int, every_device: bool = False) -> None:
     Args:
         seed: the seed.
         every_device: seed torch's accelerator generators too (``torch.manual_seed``),
-            when this torch build has any; otherwise only its CPU generator (a
-            microsecond, fine per batch).
+            when this torch build has any; otherwise only its CPU generator (cheap
+            enough per batch).
     """
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
@@ -199,7 +199,7 @@ def _seed_every_device(torch: Any, seed: int) -> None:
 
     Before CUDA starts, torch queues the seeding of its generators with the formatted stack
     of the call, for an error message should that seeding fail later; formatting it reads
-    the source file of every frame, 3-5 ms in a new worker. ``sys.tracebacklimit = 0``
+    the source file of every frame, slow in a new worker. ``sys.tracebacklimit = 0``
     makes that stack empty. Called at a worker process's start only, before it runs any
     code of the user's.
     """
@@ -239,8 +239,8 @@ def call_seeded(seed: int, fn: Callable[..., T], *args: Any) -> T:
     randomness follows the seeds its user set (``torch.manual_seed``...), not the
     loader's batch seeds.
 
-    Python's and NumPy's streams are reseeded from one draw of their own (saving their
-    2.5 KB states would cost 10 and 70 microseconds); torch's CPU state is kept whole.
+    Python's and NumPy's streams are reseeded from one draw of their own (cheaper than
+    saving their whole states); torch's CPU state is kept whole.
 
     >>> random.seed(3); batch = call_seeded(9, random.random); after = random.random()
     >>> batch == call_seeded(9, random.random)  # the batch's draws follow its seed
@@ -263,7 +263,7 @@ def call_seeded(seed: int, fn: Callable[..., T], *args: Any) -> T:
 
 def globals_untouched(seed: int) -> bool:
     """Whether the global RNGs are still as :func:`seed_globals` (``seed``) left them, i.e.
-    nothing drew from them since (about 50 microseconds: for slow batches only).
+    nothing drew from them since (not free: for slow batches only).
 
     >>> seed_globals(7); globals_untouched(7), (random.random(), globals_untouched(7))[1]
     (True, False)

@@ -1,23 +1,19 @@
 """Loader checkpoints: how far an epoch has come, and the small state that resumes it.
 
-Batch ``k`` of epoch ``e`` is computed from (seed, e, k) alone (the sampler's order from
-its own (seed, e), the batch's augmentations from a seed mixed from all three), so a
-checkpoint is a handful of counters: no data, no RNG dumps. It is JSON-serialisable::
+Batch ``k`` of epoch ``e`` is computed from (seed, e, k) alone, so a checkpoint is a
+handful of counters, JSON-serialisable, with no data and no RNG dumps::
 
     {"version": 1, "seed": 123, "epoch": 4, "delivered": 17, "delivered_beyond": [],
      "skipped": 0, "sampler": {...}, "dataset": None, "in_epoch": True, "length": 1000,
      "batch_size": 8, "drop_last": False}
 
-``delivered`` counts the batches of ``epoch`` handed to the training loop (with
-``in_order=False``, ``delivered_beyond`` lists the ones delivered ahead of that prefix).
-``sampler`` is the batch sampler's state that draws the epoch again (stoker's samplers
-give it once the epoch is drawn, so it holds the seed drawn for it; on a torch stream the
-generator's state before its draw: 5056 bytes, as base64); the delivered batches are then
-skipped without being fetched. ``length``, ``batch_size`` and ``drop_last`` describe the
-loader that saved it (None: the dataset has no length): a loader that differs refuses the
-state (states saved without them are not checked for them).
-``skipped`` counts the samples of those batches left out because they failed to load
-(``skip_errors``), so the cap counts across a resume.
+``delivered`` counts the batches of ``epoch`` handed to the loop (``delivered_beyond``:
+those delivered ahead of that prefix with ``in_order=False``); they are skipped without
+being fetched on resume. ``sampler`` is the batch sampler's state that draws the epoch
+again (on a torch stream, the generator's state before its draw, as base64). ``length``,
+``batch_size`` and ``drop_last`` describe the saving loader; one that differs refuses the
+state. ``skipped`` counts samples left out by ``skip_errors``, so the cap holds across a
+resume.
 """
 
 from __future__ import annotations

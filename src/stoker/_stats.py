@@ -24,14 +24,13 @@ class LoaderStatistics:
 
     Attributes:
         batches: batches delivered to the consumer.
-        samples: samples in those batches (the first dimension of their first array;
-            1 per item without automatic batching).
+        samples: samples in those batches (the first dimension of their first array; 1 per
+            item without automatic batching).
         wait_seconds: time the consumer spent inside ``__next__`` waiting for data.
         wall_seconds: time from the iterator's start to its latest delivery (or end).
-        input_bound: ``wait_seconds / wall_seconds``: near 1, training waits for data;
-            near 0, data is ready before it is asked for.
-        worker_busy_seconds: per worker, time spent fetching and collating (in-process:
-            one entry, the fetch time in the main process).
+        input_bound: ``wait_seconds / wall_seconds``: near 1, training waits for data.
+        worker_busy_seconds: per worker, time spent fetching and collating (in process: one
+            entry, the main process's).
         bytes_moved: bytes of the arrays and tensors delivered.
         shared_memory_bytes: shared memory the main process has mapped for batches.
         prefetch_depth: tasks in flight at the latest delivery.

@@ -1,24 +1,16 @@
 """StringArray: an immutable sequence of str or bytes kept in a few NumPy buffers.
 
-A dataset that holds millions of file names or labels as a Python list holds millions of
-objects, each with a reference count. Forked workers that merely *read* them write those
-counts, so every page of the list is copied into every worker (PyTorch issue 13246): memory
-grows with ``num_workers``. A :class:`StringArray` keeps all the characters in one NumPy
-byte buffer and the boundaries in one offsets array, so the pages stay shared. Items are
+A Python list of millions of file names holds millions of refcounted objects; forked
+workers that merely read them write those counts, so every page is copied into every
+worker (PyTorch issue 13246). A :class:`StringArray` keeps the characters in one NumPy
+byte buffer and the boundaries in one offsets array, so the pages stay shared; items are
 decoded on access.
 
-File names repeat most of themselves: ``/data/train/n01440764/n01440764_10026.JPEG`` shares
-its directory, the start of its name (``n01440764_``) and its extension with every file of
-its class. So a StringArray also reads each item as *directory + name + extension* and,
-when that saves at least a quarter of the memory, picks the compact layout: a small table
-of *frames* (a directory plus the longest prefix common to the names filed there with one
-extension; and that extension), and per item only its frame number and the bytes between.
-An item is rebuilt on access from its frame's two pieces and its middle, still in O(1). The
-offsets are uint32 when the bytes fit in 4 GiB. The only Python objects made per frame (not
-per item) are its two pieces as bytes, once per process, on first access.
-
-2M ImageNet-like paths of 45 bytes take 101 MB as one buffer with int64 offsets, 24.8 MB in
-the compact layout (and 2.5 GB as a list of str).
+File names repeat most of themselves: ``/data/train/n01440764/n01440764_10026.JPEG``
+shares its directory, its name's start and its extension with its whole class. Where that
+saves a quarter of the memory, a StringArray keeps a small table of *frames* (directory
+plus common name prefix, and extension) and per item only its frame number and the bytes
+between; an item is rebuilt in O(1). Offsets are uint32 when the bytes fit in 4 GiB.
 """
 
 from __future__ import annotations
@@ -87,7 +79,7 @@ class StringArray(Sequence[Any]):
         # Each frame's prefix and suffix as bytes, made on first use in each process: one
         # pair per frame (there are at most one per 32 items), not per item.
         self._pieces = pieces
-        # memoryviews (``.data``) index ~4x faster than NumPy arrays.
+        # memoryviews (``.data``): indexing one gives a Python int at once, without a NumPy scalar.
         ids = None if frames is None else frames[0].data
         self._views = (data.data, offsets.data, ids)
 

@@ -1,7 +1,7 @@
 """Tar shards in WebDataset layout: the per-shard index, and reading members safely.
 
-A shard is a plain tar whose members ``KEY.FIELD`` are grouped by key (consecutive members
-with the same key form one sample). Beside each shard ``NAME.tar`` lies ``NAME.tar.index.json``:
+A shard is a plain tar whose members ``KEY.FIELD`` are grouped by key. Beside each shard
+``NAME.tar`` lies ``NAME.tar.index.json``:
 
 .. code-block:: json
 
@@ -11,14 +11,10 @@ with the same key form one sample). Beside each shard ``NAME.tar`` lies ``NAME.t
      "starts": [0, 2, ...], "field": [0, 1, ...], "offset": [512, ...], "size": [...],
      "crc32": [...], "index_crc32": 1234}
 
-``starts[i]:starts[i+1]`` are sample ``i``'s members; per member the index of its field
-name, the byte offset of its data in the shard, its size and its CRC-32; last, the CRC-32
-of the rest of the file. The index is JSON (never a pickle). A missing or stale one
-(``shard_bytes`` differs) is rebuilt by scanning the shard; a damaged one (not JSON, a
-checksum that differs, arrays that disagree with each other or reach past ``shard_bytes``)
-is an error naming the shard and the index. Every member name is checked: absolute paths,
-``..`` and links are rejected, and a truncated shard raises an error naming the file and
-the key.
+``starts[i]:starts[i+1]`` are sample ``i``'s members, each with its field, data offset,
+size and CRC-32; ``index_crc32`` covers the rest. A missing or stale index is rebuilt by
+scanning the shard; a damaged one is an error naming both files. Absolute member names,
+``..`` and links are rejected; a truncated shard raises naming the file and the key.
 """
 
 from __future__ import annotations

@@ -376,22 +376,17 @@ def _local_file(
 class LMDBDataset(Dataset[Any]):
     """A map-style dataset over an LMDB file written by :class:`LMDBWriter` or ``stoker pack``.
 
-    Sample ``i`` is built from the fields the spec names: for a packed image folder,
-    ``(image_bytes, class_index)``, or ``(transform(image), class_index)`` with a
-    ``transform`` (the image decoded to RGB first, through stoker.vision's fast JPEG path
-    when the transform allows). ``__getitems__`` decodes a batch's JPEGs in parallel.
+    Sample ``i`` holds the fields the spec names, e.g. ``(image_bytes, class_index)``; with a
+    ``transform`` the image is decoded first (``__getitems__`` decodes a batch in parallel).
 
     Args:
-        path: the LMDB file (or LMDB directory); a remote URL is downloaded to ``cache_dir``.
-        fields: the read spec (e.g. ``["jpg;png", "cls"]`` or ``["__dict__"]``); default:
-            the one stored by the writer.
+        path: the LMDB file (or directory); a remote URL is downloaded to ``cache_dir``.
+        fields: the read spec (``["jpg;png", "cls"]``, ``["__dict__"]``); default: the writer's.
         transform: applied to the first entry of each sample.
         target_transform: applied to the second entry.
-        decode: decode image bytes to RGB PIL images (default: when a transform is given).
+        decode: decode image bytes to RGB PIL images (default: with a transform).
         cache_dir: local folder for remote files (default: a ``stoker`` temp folder).
-        storage_options: keyword arguments for the fsspec filesystem of a remote ``path``
-            (an endpoint, credentials ...); ignored for a local one. Only this constructor
-            downloads; workers read the local copy and need no options.
+        storage_options: fsspec keyword arguments for a remote ``path``.
 
     Attributes:
         keys: the sample keys (a NumPy array of byte strings).

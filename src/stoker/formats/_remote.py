@@ -1,16 +1,14 @@
 """Paths and URLs: local files, or anything fsspec opens (``s3://``, ``gs://``, ``http://``,
 ``memory://`` ...), with an optional local cache directory; and atomic local writes.
 
-fsspec is imported only when a URL needs it (``pip install 'stoker[remote]'``, plus the
-protocol's own package, e.g. ``s3fs`` or ``gcsfs``). With a ``cache_dir`` a remote file is
-downloaded once, whole, to ``cache_dir/<hash>-<name>`` (through a temporary name, so that a
-reader never sees half a file) and then read locally; without one, reads go to the remote
-store (byte ranges for random access, a stream for sequential reads).
+fsspec is imported only when a URL needs it (the ``remote`` extra plus the protocol's
+package, e.g. ``s3fs``). With a ``cache_dir`` a remote file is downloaded once, whole,
+through a temporary name (no reader sees half a file), then read locally; without one,
+reads go to the store (byte ranges, or a stream for sequential reads).
 
-Every function that may open a URL takes ``storage_options``: keyword arguments for the
-fsspec filesystem (an endpoint, credentials ...), ignored for local paths. The readers keep
-them and pickle them to their workers, which under ``spawn`` and ``forkserver`` see neither
-the parent's ``fsspec.config.conf`` nor environment variables set after start-up.
+Whatever may open a URL takes ``storage_options`` (fsspec keyword arguments), and readers
+pickle them to their workers, which under ``spawn`` and ``forkserver`` see neither the
+parent's ``fsspec.config.conf`` nor environment variables set after start-up.
 
 Temporary files are named ``.NAME.stoker-tmp-PID-RANDOM`` beside their final name, so that
 a later writer can remove those whose process died (:func:`sweep_stale`).

@@ -119,45 +119,24 @@ class ShardIterable(IterableDataset[Any]):
     """An iterable dataset over tar shards: shuffled shards, a shuffle buffer, split across
     ranks x workers.
 
-    Per epoch, the shard list is permuted from (seed, epoch) when ``shuffle_shards``;
-    consumer ``c`` of ``C`` (ranks x workers, see :func:`consumer`) takes shards
-    ``c, c + C, ...``, or, when there are fewer shards than consumers, reads them all and
-    keeps every ``C``-th sample. Its samples then pass through a buffer of ``buffer_size``
-    drawn from (seed, epoch, c). Samples are shaped as in :class:`ShardDataset`.
-
-    Seeds: with ``seed=None`` a worker uses its loader's base seed (shared by the workers
-    of one epoch, new each epoch, fixed by the loader's ``generator``), and the main
-    process draws one per ``iter()`` from the global RNG. With several ranks pass an int
-    ``seed`` (the same on every rank) and call :meth:`set_epoch` each epoch.
-
-    Resuming: :meth:`state_dict` says, for the process it is called in, the seed, epoch
-    and number of samples this consumer has yielded in the current pass;
-    :meth:`load_state_dict` makes the *next* ``iter()`` replay that pass from the same
-    seed and epoch and skip those samples (read, not decoded), so the rest is exactly what
-    the interrupted pass would have yielded, given the same shards, consumers and
-    ``buffer_size``. In worker processes the state lives in each worker's copy: with
-    ``num_workers=0`` call it on the dataset; with workers the loader must gather it per
-    worker (a list of the workers' states is accepted by ``load_state_dict``).
+    Consumer ``c`` of ``C`` (ranks x workers, :func:`consumer`) takes every ``C``-th shard
+    of the epoch's permutation (every ``C``-th sample, with fewer shards), shuffled in a
+    buffer drawn from (seed, epoch, c); with several ranks pass one int ``seed`` and call
+    :meth:`set_epoch`. :meth:`load_state_dict` resumes a pass where it stopped.
 
     Args:
-        urls: shard paths or URLs (a list, brace range, glob or directory; a name that
-            exists is never expanded, as for :class:`ShardDataset`).
-        fields: the read spec; default: the writer's (from the first shard's index, when
-            present), else the whole dict.
+        urls: shard paths or URLs (see :class:`ShardDataset`).
+        fields: the read spec; default: the writer's, else the whole dict.
         shuffle_shards: permute the shards each epoch.
-        buffer_size: the shuffle buffer in samples (0 or 1: no sample shuffle).
-        seed: the int seed, or None (see above).
+        buffer_size: the shuffle buffer in samples (0 or 1: none).
+        seed: the int seed; None: drawn (in workers, the loader's base seed).
         transform, target_transform, decode: as for :class:`ShardDataset`.
         cache_dir: local folder for remote shards; without it they are streamed.
-        verify: check each member's size and CRC-32 against the shard's index, when a
-            current one lies beside the shard (as :class:`ShardDataset` does); it costs one
-            read of the index per shard and pass.
-        storage_options: keyword arguments for the fsspec filesystem of remote ``urls``
-            (an endpoint, credentials ...); ignored for local paths. Kept and pickled as
-            for :class:`ShardDataset`, so ``spawn`` and ``forkserver`` workers use them.
+        verify: check sizes and CRC-32s against each shard's index.
+        storage_options: fsspec keyword arguments for remote ``urls``.
 
     Attributes:
-        storage_options: the options given (a dict; empty for None).
+        storage_options: the options given.
     """
 
     def __init__(

@@ -58,21 +58,18 @@ class ShardWriter:
     """Writes samples into tar shards, starting a new shard by count or size.
 
     Each shard is written under a temporary name and renamed when full (or at ``close``),
-    its index beside it first: a shard under its final name is always complete. A remote
-    ``pattern`` (fsspec URL) is written locally and uploaded shard by shard. Call methods
-    from one thread of one process; use it as a context manager.
+    its index first: a shard under its final name is complete. A remote ``pattern`` is
+    written locally and uploaded shard by shard. Use from one thread, as a context manager.
 
     Args:
-        pattern: the shard names, with a ``%d``-style slot for the shard number
-            (``"out/train-%06d.tar"``).
+        pattern: the shard names, with a ``%d``-style slot (``"out/train-%06d.tar"``).
         maxcount: samples per shard at most.
-        maxsize: bytes per shard at most (a single larger sample gets a shard of its own).
+        maxsize: bytes per shard at most (a larger sample gets a shard of its own).
         fields: names for tuple items or the read spec (see :class:`LMDBWriter`).
         codecs: codec per field name.
         extra: JSON-serialisable metadata stored in every index (e.g. ``classes``).
         start_shard: the number of the first shard.
-        storage_options: keyword arguments for the fsspec filesystem of a remote
-            ``pattern`` (an endpoint, credentials ...); ignored for a local one.
+        storage_options: fsspec keyword arguments for a remote ``pattern``.
 
     Attributes:
         shards: the names of the shards finished so far.
@@ -321,30 +318,25 @@ class _Handle:
 class ShardDataset(Dataset[Any]):
     """A map-style dataset over tar shards, reading members by offset through the indexes.
 
-    Sample ``i`` counts through the shards in the order given. Samples are shaped as in
-    :class:`LMDBDataset` (``(image_bytes, class_index)`` for a packed image folder, or
-    transformed images with a ``transform``).
+    Sample ``i`` counts through the shards in the order given, shaped as in
+    :class:`LMDBDataset`.
 
     Args:
         urls: shard paths or URLs: a list, a brace range (``"s-{000000..000009}.tar"``),
-            a glob, or a directory of ``*.tar``. A name that exists is read as it is, even
-            with ``[``, ``?`` or ``*`` in it; only one that names nothing is expanded.
-        fields: the read spec; default: the writer's, or the whole dict for shards
-            written elsewhere.
+            a glob, or a directory of ``*.tar``; a name that exists is never expanded.
+        fields: the read spec; default: the writer's, else the whole dict.
         transform: applied to the first entry of each sample.
         target_transform: applied to the second.
-        decode: decode image bytes to RGB PIL images (default: when a transform is given).
+        decode: decode image bytes to RGB PIL images (default: with a transform).
         cache_dir: local folder for remote shards (downloaded whole, once); without it,
-            remote members are read with byte-range requests.
+            members are read by byte ranges.
         verify: check each member's CRC-32 against the index.
-        storage_options: keyword arguments for the fsspec filesystem of remote ``urls``
-            (an endpoint, credentials ...); ignored for local paths. They are kept on the
-            dataset and pickled with it, so workers started by ``spawn`` or ``forkserver``,
-            which do not see the parent's ``fsspec.config.conf``, reach the same store.
+        storage_options: fsspec keyword arguments for remote ``urls``, pickled with the
+            dataset for ``spawn`` and ``forkserver`` workers.
 
     Attributes:
         urls: the shards. classes: the class names stored by ``stoker pack``.
-        storage_options: the options given (a dict; empty for None).
+        storage_options: the options given (a dict).
     """
 
     def __init__(

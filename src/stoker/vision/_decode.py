@@ -1,20 +1,16 @@
 """Image decoding: Pillow for any file, and a fast JPEG path at reduced DCT scale.
 
-Every failure to read an image raises an error that names the file. A corrupt, truncated
-or non-image file raises ``OSError`` (``PIL.UnidentifiedImageError`` when Pillow could not
-identify it), as torchvision's loader does, with the path and the fix in the message.
-Pillow's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``) stays on, and the fast
-JPEG path applies the same limit before decoding.
+A corrupt, truncated or non-image file raises ``OSError`` naming the file and the fix
+(``PIL.UnidentifiedImageError`` where Pillow cannot identify it), as torchvision's loader
+does; Pillow's decompression-bomb limit applies to the fast path too.
 
-The fast path decodes with libjpeg-turbo: through ``simplejpeg`` when it is installed,
-else through Pillow's ``draft`` mode. JPEG's DCT lets a decoder produce the image at 1/2,
-1/4 or 1/8 of its size for a fraction of the work, so when the crop that a transform will
-take is at least twice the output size, decoding at a reduced scale loses nothing the
-resize would keep. Only power-of-two scales are used: libjpeg-turbo's other factors
-(3/8, 5/8, ...) are slower than a full decode. A sequential JPEG can also be decoded down
-to a given row only (:func:`with_height`), which a random crop uses to skip the rows below
-it. Decoded pixels stay in a per-thread buffer (no page faults per image), and only the
-rectangle a transform reads is copied into a Pillow image (:func:`region`).
+The fast path decodes with libjpeg-turbo, through ``simplejpeg`` where installed, else
+Pillow's ``draft`` mode. JPEG's DCT gives the image at 1/2, 1/4 or 1/8 of its size for a
+fraction of the work, so when the crop is at least twice the output, a reduced scale
+loses nothing the resize would keep (only power-of-two scales: the others are slower than
+a full decode). A sequential JPEG can be decoded down to a given row only
+(:func:`with_height`). Pixels stay in a per-thread buffer, and only the rectangle a
+transform reads becomes a Pillow image (:func:`region`).
 """
 
 from __future__ import annotations
@@ -147,8 +143,8 @@ def dct_divisor(crop_h: float, crop_w: float, out_h: int, out_w: int) -> int:
 def _decode_buffer(nbytes: int) -> np.ndarray[Any, Any]:
     """This thread's reusable decode buffer, at least ``nbytes`` long.
 
-    Reusing it keeps every decode out of fresh memory: a new ~560 KB buffer per image costs
-    about 140 page faults (a quarter of a millisecond of system time) on every decode.
+    Reusing it keeps every decode out of fresh memory, whose page faults a new buffer per
+    image would pay on every decode.
     """
     buf: np.ndarray[Any, Any] | None = getattr(_local, "buffer", None)
     if buf is None or buf.nbytes < nbytes:
@@ -172,20 +168,20 @@ def decode_scaled(
 ) -> Decoded:
     """Decode a JPEG to RGB at 1/``divisor`` of its ``size`` = (height, width).
 
-    With simplejpeg the result is an (h, w, 3) uint8 array in a buffer that this thread
-    reuses: it is valid until this thread's next call, so use it (resize, copy) before
-    decoding again. Without simplejpeg it is a PIL RGB image decoded in Pillow's draft mode.
+    With simplejpeg the result is an (h, w, 3) uint8 array in a buffer this thread reuses:
+    use it before this thread decodes again. Without simplejpeg it is a PIL RGB image
+    decoded in Pillow's draft mode.
 
     Args:
         data: the JPEG file's bytes.
         path: the file, for error messages.
         size: the full-size (height, width), from the header.
         divisor: 1, 2, 4 or 8, the DCT scale.
-        fast: use libjpeg-turbo's fast integer IDCT and plain chroma upsampling (about 5%
-            faster, pixels differ by a few /255; for random augmentation only).
+        fast: use libjpeg-turbo's fast integer IDCT and plain chroma upsampling (faster;
+            pixels differ by a few /255, so for random augmentation only).
         rows: with ``fast``, how many full-size rows from the top are needed: a complete
-            baseline JPEG is then decoded down to that row only (see :func:`with_height`),
-            and the result may have fewer rows than ``height / divisor``.
+            baseline JPEG is then decoded down to that row only (:func:`with_height`), so
+            the result may have fewer rows than ``height / divisor``.
 
     Raises:
         OSError: when the data is corrupt or truncated (the message names ``path``).

@@ -135,9 +135,8 @@ class DatasetFolder:
         is_valid_file: decides which files to keep; excludes ``extensions``.
         allow_empty: accept class folders with no valid file.
         decode: "cpu" (default) decodes in the workers; "gpu" sends the JPEG bytes and the
-            random draws, and the loader decodes and transforms them on the GPU in the main
-            process (batches of N x 3 x H x W float32 on the device and the targets; see
-            :mod:`stoker.vision._gpu`).
+            random draws, and the main process decodes and transforms them on the GPU
+            (:mod:`stoker.vision._gpu`).
 
     Attributes:
         classes: the class names, sorted.

@@ -8,67 +8,13 @@ A :class:`FusedPlan` is made from a ``Compose`` whose transforms start with::
     Normalize                                  # optional
     ...                                        # anything else, applied afterwards
 
-For a JPEG file it draws the crop first (with the same calls to ``random``, in the same
-order, as the plain transforms), decodes at the smallest DCT scale whose crop still covers
-the output (and, for a random crop, only the crop's rectangle: see below), resamples the
-crop to the output size (one resample, in C), flips with NumPy views, and writes the
-C x H x W float32 result with one multiply and one subtract per pixel. Anything else (other
-transforms, non-JPEG files, CMYK JPEGs) takes the plain path.
-
-stoker's optional C kernels (``_native.c``, built where libjpeg-turbo's headers are) do two
-of these steps where they are built: a random crop's rectangle is decoded alone (the rows
-above it are entropy-decoded only, the columns beside it are not converted, decoding stops
-below it: on W4's photos ~8% less decode time than stopping below it only, and the crop
-comes out contiguous for the resampler), and ToTensor + Normalize run in one pass (SSE4.1
-shuffles, else a table of the 256 values per channel: NumPy's values bit for bit, in a
-third of NumPy's time). Without them, simplejpeg decodes the image's full width down to
-the crop's bottom row, and NumPy or torch normalise: the same values, bit for bit.
-
-The resampler: stoker's C kernel (``_native.resample``) where it is built, whether or not
-torch is imported: Pillow's antialiased filters (all but NEAREST) byte for byte, AVX2 where
-the CPU has it, releasing the GIL, from the decoded array straight into this thread's uint8
-image (no copy into a Pillow image, no fresh memory). Without it: when torch is already
-imported (it is never imported for this), the bilinear resampling of a RandomResizedCrop
-crop on whole pixels runs torch's antialiased uint8 kernel (within 1/255 of Pillow's
-result: about 4% of values one level apart on W4's crops), and everything else runs on
-Pillow, whose filter runs on just the rectangle it reads, copied into a Pillow image:
-Resize [+ CenterCrop], which must match torchvision (torch's kernel resizing the whole
-image came within 2/255 of it, not 1/255), other filters (torch's bicubic differs by up to
-3/255), and a DCT-scaled crop whose box is not on whole pixels.
-Without the C kernels, ToTensor + Normalize run on torch's kernels when torch is already
-imported and runs one thread, as in a worker (the same float32 operations, so the same
-values; faster than NumPy on interleaved and flipped images with torch 2.14).
-
-Resize [+ CenterCrop] (evaluation, deterministic) with Pillow matches the plain path, and so
-torchvision, to float rounding (at most 1/255): full-scale decode with the accurate integer
-IDCT and fancy upsampling, and a filter that sees the pixels around the box as when the
-plain path resizes the whole image and then crops. RandomResizedCrop (training) draws its
-crop by the same calls to ``random`` in the same order, so the parameters follow the same
-distribution; it crops and then resizes as the plain path does, but decodes with
-libjpeg-turbo's fast IDCT and plain chroma upsampling (about 7% less decode time; on
-500 x 375 photos with grain, a mean difference of 2.6/255 after the resize, 99% of values
-within 13/255; set ``_FAST_RANDOM_DECODE`` to False for the exact pixels), stops decoding
-below the crop (about 14% less decode time on average, the same pixels), and decodes at
-1/2, 1/4 or 1/8 DCT scale when the crop is still at least the output size at that scale
-(DCT scaling averages blocks where the full decode plus antialiased resize filters them: a
-mean difference of about 2/255). Without the C kernels, set ``_TORCH_RESAMPLE`` to False for
-Pillow everywhere.
-
-Batches: ``ImageFolder.__getitems__`` draws every sample's parameters first, in index
-order in the calling thread, then runs the decodes and resamples in a small thread pool
-(libjpeg-turbo, Pillow and torch release the GIL; torch's thread setting is left as the
-user set it). The result does not depend on the number of threads. In the main process the
-pool uses the available cores; in worker processes the cores are shared among the workers
-(one thread each on a 2-core machine with 2 workers); thread workers decode in their own
-thread. Each image is resampled into one uint8 image kept per thread and normalised at
-once, while it is in cache. When every sample of the batch took the fast path to one size
-(with int targets and nothing after Normalize), the images are normalised straight into
-the memory stoker's collate will write the batch into, when the fetcher says which (shared
-memory in a worker process), and it returns a :class:`FusedBatch` that hands that array
-back: the float32 batch is written once, not written and then copied. Otherwise same-sized
-images are written into one float32 batch array, reused once no sample of it is
-referenced (no fresh memory, so no page faults, per batch), and the decode buffer is reused
-per thread.
+For a JPEG file it draws the crop first (the same calls to ``random``, in the same order,
+as the plain transforms), decodes at the smallest DCT scale whose crop still covers the
+output, resamples the crop once, flips with views and normalises in one pass. Other
+transforms, non-JPEG files and CMYK JPEGs take the plain path. Resize [+ CenterCrop]
+matches torchvision within 1/255; RandomResizedCrop draws the same crops but decodes with
+the fast IDCT (``_FAST_RANDOM_DECODE``). ``docs/fast-path.md`` says which resampler runs
+where, how close each step stays to torchvision, and how batches reuse memory.
 """
 
 from __future__ import annotations
@@ -374,8 +320,7 @@ def _torch_normalize(
 
     NumPy casts an interleaved uint8 image to planar float32 through a buffer, and more
     slowly still through a flip's negative stride; torch's copy casts and transposes in one
-    pass (on W4's 224 x 224 crops, 64 us an image against 85 unflipped and 73 against 144
-    flipped). torch takes no negative strides: a flip is undone in the view and redone by
+    pass. torch takes no negative strides: a flip is undone in the view and redone by
     ``flip`` on the uint8 image.
     """
     dims = []
@@ -482,15 +427,11 @@ def _torch_resize(
     """The H x W x 3 uint8 ``hwc`` (any row stride) resized to ``oh`` x ``ow`` by torch, into
     ``out`` (C-contiguous ``oh`` x ``ow`` x 3 uint8) when given.
 
-    The input is copied once into channels-last order, the layout of torch's vectorised
-    uint8 kernel (faster than handing it the strided view); the output is H x W x 3. NumPy
-    makes that copy: torch's would split it among its intra-op threads, which the decode
-    threads of the main process then oversubscribe (W4 in process: 10% slower). The batch
-    dimension comes first, so that the strides are channels-last's own: torch then writes
-    its output channels-last too, and does not repack it into planes (15% of a resample).
-    Writing into ``out`` (torch's ``out=`` variant of the same kernel) takes no fresh memory
-    per image: in a new worker process fresh memory costs page faults, and allocating each
-    image's output made about half of a W4 worker's (~14 an image).
+    NumPy copies the input once into channels-last order, the layout of torch's vectorised
+    uint8 kernel (torch's own copy would split among intra-op threads that the decode threads
+    then oversubscribe). The batch dimension comes first so that torch writes its output
+    channels-last too, without repacking it into planes. Writing into ``out`` takes no fresh
+    memory per image, so a new worker process takes no page faults for it.
     """
     t = torch.from_numpy(np.ascontiguousarray(hwc))[None].permute(0, 3, 1, 2)
     if out is None:
@@ -505,8 +446,8 @@ def _torch_resize(
 
 @functools.cache
 def _resize_op(torch: Any) -> Any:
-    """torch's antialiased bilinear kernel, ``out=`` variant (looked up once: 3 attribute
-    lookups through torch.ops cost more than a microsecond an image)."""
+    """torch's antialiased bilinear kernel, ``out=`` variant, looked up once rather than
+    through three attribute lookups on torch.ops per image."""
     return torch.ops.aten._upsample_bilinear2d_aa.out
 
 

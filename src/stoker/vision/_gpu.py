@@ -1,26 +1,16 @@
 """GPU JPEG decode: workers send the JPEG bytes and their random draws; the device decodes.
 
-``ImageFolder(..., decode="gpu")`` takes the fused path's pipeline (RandomResizedCrop or
-Resize [+ CenterCrop], flips, ToTensor, Normalize; see :mod:`stoker.vision._fused`) and
-splits it: a worker reads each file and draws its crop and flips exactly as the CPU path
-does (:func:`~stoker.vision._fused.prepare`: the same calls to ``random`` in the same
-order, so the same seed gives the same draws), and sends the bytes and the draws as three
-columns (:func:`encode`). In the main process, before pinning, the loader hands each such
-batch to :func:`finish`: the device decodes the JPEGs (nvjpeg, through torchvision's
-``decode_jpeg(list, device="cuda")``), then crops, resizes (torch's antialiased bilinear or
-bicubic), flips and normalises them there (:func:`transform`) into one N x 3 x H x W
-float32 tensor on the device. With another loader (torch's), or a wrapper that hides the
-dataset's attributes (``Subset``, ``ConcatDataset``), call the dataset's
-``main_process_step`` on each batch in the training loop.
+``ImageFolder(..., decode="gpu")`` splits the fused path's pipeline
+(:mod:`stoker.vision._fused`): a worker reads each file and draws its crop and flips
+exactly as the CPU path does (:func:`~stoker.vision._fused.prepare`), and sends bytes and
+draws as three columns (:func:`encode`). In the main process, before pinning, the loader
+hands each batch to :func:`finish`: nvjpeg decodes it (torchvision's ``decode_jpeg`` on
+``cuda``) and :func:`transform` crops, resizes, flips and normalises it there into one
+N x 3 x H x W float32 tensor. With torch's loader, or a wrapper such as ``Subset``, call
+the dataset's ``main_process_step`` on each batch.
 
-Why a dataset argument, not a transform: the transform stays the one the CPU path runs (so
-switching is one argument, and the draws cannot differ), while where decoding happens is a
-property of how the dataset is read. Why the main process: CUDA cannot run in forked
-workers, and nvjpeg decodes a whole batch in one call.
-
-:func:`transform` takes tensors on any device: on the CPU (images decoded by Pillow, the
-CPU path's decoder) it is tested against the CPU path here; only the decode itself needs a
-GPU. Without CUDA (or torchvision), batches are decoded and transformed on the CPU this way,
+A dataset argument, not a transform, so the draws cannot differ from the CPU path's; the
+main process, as CUDA cannot run in forked workers. Without CUDA, this runs on the CPU,
 after one warning.
 """
 

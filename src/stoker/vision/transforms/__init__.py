@@ -6,16 +6,14 @@ works unchanged. Differences that matter:
 
 - ``ToTensor`` returns a C x H x W float32 NumPy array in [0, 1], never a torch tensor; the
   DataLoader makes batches torch tensors when asked (``tensor_type``).
-- Random transforms draw from Python's global ``random`` module. stoker's DataLoader seeds
-  it (with NumPy's and torch's) before every batch from (seed, epoch, batch index), so the
-  same seed gives the same augmentations for any number of workers.
-- Geometric and colour transforms run Pillow's kernels for both input kinds, so their
-  output matches torchvision's on PIL images (``benchmarks/check_transforms_vs_torchvision.py``).
+- Random transforms draw from Python's global ``random``, which stoker's DataLoader seeds
+  before every batch from (seed, epoch, batch index): the same augmentations for any
+  number of workers.
+- Geometric and colour transforms run Pillow's kernels for both input kinds, so they match
+  torchvision's on PIL images (``benchmarks/check_transforms_vs_torchvision.py``).
 
-An ``ImageFolder`` whose transform is a :class:`Compose` starting with
-``RandomResizedCrop`` or ``Resize`` [+ ``CenterCrop``], optional flips, ``ToTensor`` and
-optional ``Normalize`` decodes JPEG files through a fused fast path (see
-``stoker.vision._fused``).
+An ``ImageFolder`` whose transform starts as the fused path expects (``stoker.vision._fused``)
+decodes JPEG files through that path.
 """
 
 from __future__ import annotations
