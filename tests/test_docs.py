@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "stoker"
@@ -90,13 +94,44 @@ def test_readme_is_short_before_its_links() -> None:
 
 
 def test_ci_runs_the_readmes_test_command() -> None:
-    """`.ci/run` runs the README's second fenced bash command; the first runs the demo."""
+    """`.ci/run` picks the README's second fenced bash command (the tests); the first runs
+    the demo."""
     commands = _fenced_bash((ROOT / "README.md").read_text(encoding="utf-8"))
     assert len(commands) >= 2, commands
     assert commands[0].endswith("stoker demo"), commands[0]
     assert "pytest" in commands[1], commands[1]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert "n==2{print; exit}" in ci and "README.md" in ci, "`.ci/run` no longer reads it"
+    pick = re.search(r"^cmd=\$\((awk .*)\)$", ci, flags=re.M)
+    assert pick is not None, "`.ci/run` no longer picks its command from the README with awk"
+    if shutil.which("awk") is None:
+        pytest.skip("awk is not installed")
+    out = subprocess.run(
+        ["bash", "-c", pick.group(1)], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == commands[1]
+
+
+def test_docs_name_tests_that_exist() -> None:
+    """Every ``test_x.py::test_y`` that a page of docs/ or the README names is in tests/."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = {
+        (page.name, file, test)
+        for page in pages
+        for file, test in re.findall(
+            r"(test_\w+\.py)::(test_\w+)", page.read_text(encoding="utf-8")
+        )
+    }
+    assert named, "no test names found in the docs"
+    missing = [
+        f"{page}: {file}::{test}"
+        for page, file, test in sorted(named)
+        if not (ROOT / "tests" / file).exists()
+        or not re.search(
+            rf"^\s*def {test}\b", (ROOT / "tests" / file).read_text(encoding="utf-8"), re.M
+        )
+    ]
+    assert missing == [], missing
 
 
 def test_readme_keeps_every_difference_from_torch() -> None:
