@@ -40,7 +40,7 @@ _PLOT_MISSING = (
     "`pip install 'stoker[plot]'` to get one."
 )
 _SYNTHETIC_DEFAULTS = {"samples": 1000, "sample_bytes": 1 << 20, "sleep_ms": 5.0}
-"""The seed's num-workers bench: 1000 samples of 1 MiB float32, each after 5 ms."""
+"""The default dataset: 1000 samples of 1 MiB float32, each after a 5 ms wait (I/O-like)."""
 
 Runs = list[dict[str, float]]
 
@@ -79,7 +79,7 @@ def add_subcommand(subparsers: Any) -> None:
         "bench",
         help="find the fastest num_workers / worker_mode / batch_size on this machine",
         description="Sweep num_workers x worker_mode x batch_size on a synthetic dataset "
-        "(default: the seed's 1000 samples of 1 MiB, each after a 5 ms wait) or your own, "
+        "(default: 1000 samples of 1 MiB, each after a 5 ms wait) or your own, "
         "print a table and a recommendation, and write JSON and a PNG plot. With an "
         "accelerator, also compare pin_memory x non_blocking.",
     )
@@ -531,7 +531,7 @@ def pin_sweep(
     progress: _Progress | None = None,
     **timing: Any,
 ) -> list[dict[str, Any]]:
-    """The seed's second script: ``pin_memory`` x ``non_blocking`` copies to ``device``,
+    """The accelerator comparison: ``pin_memory`` x ``non_blocking`` copies to ``device``,
     on stoker's DataLoader and on torch's, with the same data and worker count.
 
     Every batch (torch tensors) is copied to ``device``; the clock stops once the device
