@@ -24,6 +24,7 @@ it does the work the in-process contenders do.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import os
@@ -147,8 +148,23 @@ def spdl(dataset: Any, *, wrap: Wrap, **kw: Any) -> Run | None:
     see :func:`spdl_in_process`)."""
     if not available("spdl.dataloader") or not kw.get("num_workers"):
         return None
-    module: Any = importlib.import_module("spdl.dataloader")
-    return wrap(module.get_pytorch_dataloader(dataset, in_order=True, **kw))
+    built: list[Run] = []
+
+    def run() -> dict[str, float]:
+        if not built:  # built on first use: a peer left out makes no segment
+            module: Any = importlib.import_module("spdl.dataloader")
+            loader = module.get_pytorch_dataloader(dataset, in_order=True, **kw)
+            atexit.register(_unlink, loader._shmem)
+            built.append(wrap(loader))
+        return built[0]()
+
+    return run
+
+
+def _unlink(segment: Any) -> None:
+    """Close and unlink the shared memory SPDL put its pickled dataset in: SPDL never does."""
+    segment.close()
+    segment.unlink()
 
 
 def spdl_in_process(

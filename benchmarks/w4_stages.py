@@ -39,7 +39,7 @@ def _stages(plan: Any, paths: list[str]) -> dict[str, list[float]]:
     """Each stage's thread CPU time per image, in microseconds, run as ``execute`` runs it."""
     import numpy as np
 
-    from stoker.vision import _decode, _fused
+    from stoker.vision import _decode, _fused, _workspace
     from stoker.vision.transforms._base import pil_filter
 
     clock = time.thread_time_ns
@@ -49,8 +49,7 @@ def _stages(plan: Any, paths: list[str]) -> dict[str, list[float]]:
     flt = pil_filter(plan.geometry.interpolation)
     for path in paths:
         t0 = clock()
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _workspace.read(path, 0)  # as ImageFolder reads a batch's files
         t1 = clock()
         job = _fused.prepare(plan, path, data)
         t2 = clock()

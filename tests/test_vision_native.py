@@ -17,6 +17,7 @@ from PIL import Image
 import stoker.vision as V
 from stoker.vision import _decode, _fused
 from stoker.vision import transforms as T
+from stoker.vision._workspace import workspace
 from test_vision_folder import _photo
 
 _native = _fused._native
@@ -82,12 +83,12 @@ def test_region_decodes_of_one_image_size_share_one_buffer() -> None:
     """The decode buffer is sized for the whole image: a larger crop after a smaller one
     reuses it (growing it crop by crop would fault in fresh pages in every fresh worker)."""
     data = _jpeg(_photo(75, 101, 5), quality=90)
-    _decode._local.__dict__.pop("buffer", None)  # as in a new thread
+    workspace().pop("decode", None)  # as in a new thread
     small = _decode.decode_region(data, "x.jpg", (75, 101), 1, (10, 10, 30, 40), True)
-    buffer = _decode._local.buffer
+    buffer = workspace()["decode"]
     large = _decode.decode_region(data, "x.jpg", (75, 101), 1, (0, 0, 75, 101), True)
     assert small.shape == (20, 30, 3) and large.shape == (75, 101, 3)
-    assert _decode._local.buffer is buffer and np.shares_memory(large, buffer)
+    assert workspace()["decode"] is buffer and np.shares_memory(large, buffer)
 
 
 @needs_native

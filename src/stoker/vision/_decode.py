@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import warnings
 from typing import Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from stoker.vision._workspace import workspace
 
 try:  # optional: a faster libjpeg-turbo binding
     import simplejpeg as _simplejpeg
@@ -33,11 +34,12 @@ try:  # optional: stoker's own extension, built where libjpeg-turbo's headers ar
 except ImportError:  # pragma: no cover - exercised where it could not be built
     _native = None  # type: ignore[assignment]
 
+Data = bytes | memoryview
+"""A file's bytes: ``bytes``, or a view of a reused buffer (see :func:`_workspace.read`)."""
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _EOI = b"\xff\xd9"
 _HEADER_SCAN = 1 << 20  # where to give up looking for the frame header
 _STANDALONE = frozenset((0x01, *range(0xD0, 0xD9)))  # markers without a length
-_local = threading.local()  # per thread: the reusable decode buffer
 _KEEP_BUFFER_BYTES = 64 << 20
 _SCALES = (8, 4, 2, 1)
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, IndexError, EOFError)
@@ -83,7 +85,7 @@ def default_loader(path: str | os.PathLike[str]) -> Image.Image:
     return pil_loader(path)
 
 
-def is_jpeg(data: bytes) -> bool:
+def is_jpeg(data: Data) -> bool:
     """Whether ``data`` starts with a JPEG start-of-image marker.
 
     >>> is_jpeg(b"\\xff\\xd8\\xff\\xe0...") , is_jpeg(b"\\x89PNG")
@@ -113,7 +115,7 @@ def check_pixels(width: int, height: int, path: str) -> None:
         )
 
 
-def jpeg_header(data: bytes, path: str) -> tuple[int, int, str] | None:
+def jpeg_header(data: Data, path: str) -> tuple[int, int, str] | None:
     """``(height, width, colorspace)`` of a JPEG, or None without simplejpeg.
 
     Raises:
@@ -146,11 +148,11 @@ def _decode_buffer(nbytes: int) -> np.ndarray[Any, Any]:
     Reusing it keeps every decode out of fresh memory, whose page faults a new buffer per
     image would pay on every decode.
     """
-    buf: np.ndarray[Any, Any] | None = getattr(_local, "buffer", None)
+    buf: np.ndarray[Any, Any] | None = workspace().get("decode")
     if buf is None or buf.nbytes < nbytes:
         buf = np.empty(nbytes, dtype=np.uint8)
         if nbytes <= _KEEP_BUFFER_BYTES:  # do not hold on to a huge image's memory
-            _local.buffer = buf
+            workspace()["decode"] = buf
     return buf
 
 
@@ -159,7 +161,7 @@ Decoded = np.ndarray[Any, Any] | Image.Image
 
 
 def decode_scaled(
-    data: bytes,
+    data: Data,
     path: str,
     size: tuple[int, int],
     divisor: int,
@@ -193,7 +195,7 @@ def decode_scaled(
             # A file that does not end with its end-of-image marker is decoded strictly, so
             # that truncation raises as it does in Pillow; in a complete file, libjpeg's
             # recoverable warnings are ignored, as Pillow ignores them.
-            complete = data.endswith(_EOI)
+            complete = data[-2:] == _EOI
             if fast and rows is not None and complete and rows < height:
                 shorter = with_height(data, rows)
                 if shorter is not None:
@@ -223,7 +225,7 @@ def decodes_regions() -> bool:
 
 
 def decode_region(
-    data: bytes,
+    data: Data,
     path: str,
     size: tuple[int, int],
     divisor: int,
@@ -263,13 +265,13 @@ def decode_region(
     out = _decode_buffer(max(nbytes, min(whole, _KEEP_BUFFER_BYTES)))[:nbytes].reshape(shape)
     try:
         # As with simplejpeg: strict only for a file that lacks its end-of-image marker.
-        _native.decode(data, out, divisor, top, left, bottom, right, fast, not data.endswith(_EOI))
+        _native.decode(data, out, divisor, top, left, bottom, right, fast, data[-2:] != _EOI)
     except _DECODE_ERRORS as exc:
         raise decode_error(path, exc) from exc
     return out
 
 
-def with_height(data: bytes, rows: int) -> bytes | None:
+def with_height(data: Data, rows: int) -> bytes | None:
     """A baseline JPEG whose frame header says ``rows`` rows, so decoding stops there.
 
     A sequential JPEG codes its image top to bottom, so with a smaller height in the frame
@@ -297,7 +299,7 @@ def with_height(data: bytes, rows: int) -> bytes | None:
             at = pos + 5
             if at + 2 > len(data) or int.from_bytes(data[at : at + 2], "big") <= rows:
                 return None
-            return data[:at] + rows.to_bytes(2, "big") + data[at + 2 :]
+            return b"".join((data[:at], rows.to_bytes(2, "big"), data[at + 2 :]))
         if (0xC2 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC)) or marker == 0xDA:
             return None  # another frame type, or the scan began without a frame header
         pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
@@ -337,7 +339,7 @@ def region(image: Decoded, left: int, top: int, right: int, bottom: int) -> Imag
     )
 
 
-def _pillow_draft(data: bytes, width: int, height: int, divisor: int) -> Image.Image:
+def _pillow_draft(data: Data, width: int, height: int, divisor: int) -> Image.Image:
     import io
 
     img: Any = Image.open(io.BytesIO(data))
@@ -346,7 +348,7 @@ def _pillow_draft(data: bytes, width: int, height: int, divisor: int) -> Image.I
     return img.convert("RGB")  # type: ignore[no-any-return]
 
 
-def jpeg_size_pillow(data: bytes, path: str) -> tuple[int, int, str]:
+def jpeg_size_pillow(data: Data, path: str) -> tuple[int, int, str]:
     """``(height, width, mode)`` of an image from its header, through Pillow."""
     import io
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from stoker._batch import ColumnBatch
-from stoker.vision import _fused, _gpu
+from stoker.vision import _fused, _gpu, _workspace
 from stoker.vision._decode import default_loader, pil_loader
 from stoker.vision._lists import SampleList
 
@@ -293,11 +293,9 @@ class DatasetFolder:
         items: list[Any] = []
         jobs: list[_fused.Job] = []
         targets: list[Any] = []
-        for index in indices:
+        for slot, index in enumerate(indices):
             path, target = self.samples[index]
-            with open(path, "rb") as f:
-                data = f.read()
-            job = _fused.prepare(fast, path, data)
+            job = _fused.prepare(fast, path, _workspace.read(path, slot))
             if job is None:  # not a JPEG the fast path takes: the plain path, in order
                 sample = self.loader(path)
                 items.append(sample if self.transform is None else self.transform(sample))

@@ -24,7 +24,6 @@ import math
 import os
 import random
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from stoker import _torch, _worker_info
 from stoker._batch import Alloc, ColumnBatch, output_alloc
 from stoker._worker_info import get_worker_info
 from stoker.vision import _decode
+from stoker.vision._workspace import lend, workspace
 from stoker.vision.transforms._base import Compose, pil_filter
 from stoker.vision.transforms._geometric import (
     CenterCrop,
@@ -80,7 +80,6 @@ _NATIVE_FILTERS = frozenset(
 _PILLOW_13_ORDER = int(PIL.__version__.split(".")[0]) >= 13
 """Whether the installed Pillow orders a resize's two passes as Pillow 13 does (the C
 resampler follows it, so that its bytes are this Pillow's)."""
-_local = threading.local()  # per thread: the reusable batch arrays
 
 
 @dataclass(frozen=True)
@@ -189,14 +188,14 @@ class Job:
     """
 
     path: str
-    data: bytes
+    data: _decode.Data
     size: tuple[int, int]
     box: tuple[float, float, float, float]
     out: tuple[int, int]
     flips: tuple[bool, ...]
 
 
-def prepare(p: FusedPlan, path: str, data: bytes) -> Job | None:
+def prepare(p: FusedPlan, path: str, data: _decode.Data) -> Job | None:
     """Draw the random parameters for one JPEG, or None (before any draw) for the plain path.
 
     Raises:
@@ -459,7 +458,7 @@ def finish(p: FusedPlan, image: np.ndarray[Any, Any]) -> Any:
     return result
 
 
-def run(p: FusedPlan, path: str, data: bytes) -> Any:
+def run(p: FusedPlan, path: str, data: _decode.Data) -> Any:
     """The transformed image of the JPEG ``data`` read from ``path``, or None for the plain path.
 
     Raises:
@@ -510,7 +509,7 @@ def _batch_array(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray[
     batch.
     """
     size = math.prod(shape)
-    kept: list[np.ndarray[Any, Any]] = _local.__dict__.setdefault(np.dtype(dtype).str, [])
+    kept: list[np.ndarray[Any, Any]] = workspace().setdefault(np.dtype(dtype).str, [])
     for i in range(len(kept)):  # indices only: a local reference would count as a user
         if kept[i].size >= size and _refs(kept[i]) <= _FREE_REFS:
             return kept[i][:size].reshape(shape)
@@ -567,7 +566,10 @@ def _in_threads(fn: Callable[[Any, Any], Any], xs: list[Any], ys: list[Any]) -> 
     threads = min(decode_threads(), len(xs))
     if threads <= 1:
         return [fn(x, y) for x, y in zip(xs, ys, strict=True)]
-    with ThreadPoolExecutor(threads, thread_name_prefix="stoker-decode") as pool:
+    with (
+        lend(threads) as spaces,
+        ThreadPoolExecutor(threads, "stoker-decode", spaces.initializer) as pool,
+    ):
         return list(pool.map(fn, xs, ys))
 
 
