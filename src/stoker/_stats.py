@@ -13,9 +13,12 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from stoker._cache import CacheStatistics
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class LoaderStatistics:
         num_workers: workers in use now (0 in process).
         prefetch_factor: tasks in flight per worker allowed now (None in process).
         autotune: the autotuner's decisions, oldest first (empty without ``"auto"``).
+        cache: what the dataset's cache did (:func:`stoker.cached`, or an ImageFolder's
+            pixel cache), summed over all workers; None without one.
     """
 
     batches: int
@@ -54,6 +59,7 @@ class LoaderStatistics:
     num_workers: int
     prefetch_factor: int | None
     autotune: tuple[str, ...]
+    cache: CacheStatistics | None = None
 
     @property
     def samples_per_second(self) -> float:
