@@ -523,7 +523,6 @@ class CachedDataset:
         where: str | os.PathLike[str] = "memory",
         preload: bool = False,
         always: bool = False,
-        stamps: Callable[[int], int] | None = None,
     ) -> None:
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise TypeError(
@@ -537,7 +536,6 @@ class CachedDataset:
         self.budget = budget
         self.always = always
         self._path_of = _path_of(dataset)
-        self._stamps = stamps
         self._key = fingerprint(dataset)
         self._store: _Store | None = _Store(self.where, len(dataset), budget, self._key, None)
         self._name = self._store.name
@@ -569,8 +567,6 @@ class CachedDataset:
 
     def stamp(self, index: int) -> int:
         """The stamp an entry must carry to be served (its file's size and mtime, or 1)."""
-        if self._stamps is not None:
-            return self._stamps(index)
         if self._path_of is not None:
             return file_stamp(self._path_of(index))
         return 1

@@ -18,12 +18,8 @@ class CachedDataset(_cache.CachedDataset, torch_data.Dataset[Any]):
 
 
 def cached(
-    dataset: Any,
-    budget: int,
-    where: str | os.PathLike[str] = "memory",
-    *,
-    preload: bool = False,
-    always: bool = False,
+    dataset: Any, budget: int, where: str | os.PathLike[str] = "memory", **options: bool
 ) -> CachedDataset:
-    """:func:`stoker.cached`, returning a ``torch.utils.data.Dataset`` (see there)."""
-    return CachedDataset(dataset, budget, where, preload=preload, always=always)
+    """:func:`stoker.cached` (the same arguments: ``preload``, ``always``), returning a
+    ``torch.utils.data.Dataset``."""
+    return CachedDataset(dataset, budget, where, **options)
