@@ -46,6 +46,7 @@ import fcntl
 import hashlib
 import math
 import mmap
+import operator
 import os
 import pickle
 import secrets
@@ -314,13 +315,8 @@ class _Store:
         else:
             self._verified = np.zeros(length, np.bool_)
             self._recover()
-        self._finalizer = weakref.finalize(
-            self,
-            _close,
-            self.mm,
-            self.fd,
-            self.name if name is None and where == "memory" else None,
-        )
+        unlink = self.name if name is None and where == "memory" else None
+        self._finalizer = weakref.finalize(self, _close, self.mm, self.fd, unlink, self.owner)
         _ALL.add(self)
 
     # -- opening ---------------------------------------------------------------------------
@@ -493,8 +489,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _close(mm: mmap.mmap, fd: int, unlink: str | None) -> None:
-    if unlink is not None and _posixshmem is not None:
+def _close(mm: mmap.mmap, fd: int, unlink: str | None, owner: int) -> None:
+    """Unmap and close; the process that made a segment (not a forked copy) unlinks it."""
+    if unlink is not None and _posixshmem is not None and os.getpid() == owner:
         with contextlib.suppress(FileNotFoundError):
             _posixshmem.shm_unlink("/" + unlink)
     with contextlib.suppress(BufferError):  # views still alive: their mapping stays
@@ -573,7 +570,7 @@ class CachedDataset:
 
     def __getitem__(self, index: int) -> Any:
         store = self._opened()
-        n = store.length
+        index, n = operator.index(index), store.length
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of range for a dataset of {n} samples")
         index = index % n
