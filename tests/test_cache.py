@@ -301,6 +301,8 @@ def test_two_workers_hold_one_copy_of_the_cached_bytes() -> None:
     cached_bytes = ds.statistics().used_bytes
     pss = sum(_mapping_pss_kb(pid, ds._name) for pid in seen) * 1024
     assert abs(pss - cached_bytes) <= 0.10 * cached_bytes, (pss, cached_bytes)
+    stats = loader.statistics().cache  # found inside the StackDataset: its first cache
+    assert stats is not None and (stats.hits, stats.misses) == (64, 64)
     del loader
 
 

@@ -705,13 +705,25 @@ def cached(
     return CachedDataset(dataset, budget, where, preload=preload, always=always)
 
 
-def find(dataset: Any) -> CachedDataset | None:
-    """The cache a loader's dataset reads through: the dataset itself, or the pixel cache
-    of an ImageFolder (``_pixel_cache``)."""
+def find(dataset: Any, depth: int = 3) -> CachedDataset | None:
+    """The cache a loader's dataset reads through: the dataset itself, an ImageFolder's
+    pixel cache (``_pixel_cache``), or the first found in the datasets a Subset, Concat or
+    Stack dataset wraps (``dataset`` / ``datasets``), ``depth`` levels down."""
     if isinstance(dataset, CachedDataset):
         return dataset
     inner = getattr(dataset, "_pixel_cache", None)
-    return inner if isinstance(inner, CachedDataset) else None
+    if isinstance(inner, CachedDataset) or depth == 0:
+        return inner if isinstance(inner, CachedDataset) else None
+    members = getattr(dataset, "datasets", None)
+    if isinstance(members, dict):
+        members = list(members.values())
+    if not isinstance(members, (list, tuple)):
+        members = [getattr(dataset, "dataset", None)]
+    for member in members:
+        found = find(member, depth - 1) if member is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 def with_cache(stats: LoaderStatistics, dataset: Any) -> LoaderStatistics:
