@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 # Where each public name lives. ``import stoker`` loads none of it (not even NumPy, the
 # slowest part): a name's module is imported on first use, e.g. by ``from stoker import X``.
 _HOME = {
+    "CacheStatistics": "_cache",
+    "CachedDataset": "_cache",
+    "cached": "_cache",
     "default_collate": "_collate",
     "default_convert": "_collate",
     "ChainDataset": "_dataset",
@@ -89,6 +92,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchSampler",
+    "CacheStatistics",
+    "CachedDataset",
     "ChainDataset",
     "ConcatDataset",
     "DataLoader",
@@ -107,6 +112,7 @@ __all__ = [
     "TensorDataset",
     "WeightedRandomSampler",
     "WorkerInfo",
+    "cached",
     "default_collate",
     "default_convert",
     "get_worker_info",

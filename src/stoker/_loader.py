@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
-from stoker import _random
+from stoker import _cache, _random
 from stoker._collate import DefaultCollate, check_tensor_type
 from stoker._dataset import is_iterable_dataset
 from stoker._engine._pin import pin_device
@@ -548,8 +548,10 @@ class DataLoader(Generic[T_co]):
         Counting is always on and costs one clock read and a few additions per batch.
         """
         if self._stats is None:
-            return empty(tuple(self._tuner.decisions) if self._tuner is not None else ())
-        return self._stats.snapshot()
+            stats = empty(tuple(self._tuner.decisions) if self._tuner is not None else ())
+        else:
+            stats = self._stats.snapshot()
+        return _cache.with_cache(stats, self.dataset)
 
     def _autotuner(self) -> Autotuner | None:
         """The loader's autotuner: when ``num_workers`` or ``prefetch_factor`` is "auto", or

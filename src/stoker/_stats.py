@@ -13,9 +13,12 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from stoker._cache import CacheStatistics
 
 
 @dataclass(frozen=True)
@@ -24,13 +27,11 @@ class LoaderStatistics:
 
     Attributes:
         batches: batches delivered to the consumer.
-        samples: samples in those batches (the first dimension of their first array; 1 per
-            item without automatic batching).
+        samples: samples in those batches (1 per item without automatic batching).
         wait_seconds: time the consumer spent inside ``__next__`` waiting for data.
         wall_seconds: time from the iterator's start to its latest delivery (or end).
         input_bound: ``wait_seconds / wall_seconds``: near 1, training waits for data.
-        worker_busy_seconds: per worker, time spent fetching and collating (in process: one
-            entry, the main process's).
+        worker_busy_seconds: per worker (in process: one), time spent fetching and collating.
         bytes_moved: bytes of the arrays and tensors delivered.
         shared_memory_bytes: shared memory the main process has mapped for batches.
         prefetch_depth: tasks in flight at the latest delivery.
@@ -38,6 +39,7 @@ class LoaderStatistics:
         num_workers: workers in use now (0 in process).
         prefetch_factor: tasks in flight per worker allowed now (None in process).
         autotune: the autotuner's decisions, oldest first (empty without ``"auto"``).
+        cache: what the dataset's cache (:func:`stoker.cached`) did, over all workers.
     """
 
     batches: int
@@ -53,6 +55,7 @@ class LoaderStatistics:
     num_workers: int
     prefetch_factor: int | None
     autotune: tuple[str, ...]
+    cache: CacheStatistics | None = None
 
     @property
     def samples_per_second(self) -> float:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from stoker import _cache
 from stoker.errors import SharedMemoryError
 
 try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
@@ -93,12 +94,13 @@ def segment_prefix(owner_pid: int, token: str, worker_id: int) -> str:
 
 
 def shm_free_bytes() -> int | None:
-    """Bytes free in ``/dev/shm`` (None where there is no such directory)."""
+    """Bytes free in ``/dev/shm`` (None where there is no such directory), less what this
+    process's shared-memory caches (:mod:`stoker._cache`) may still write there."""
     try:
         st = os.statvfs(SHM_DIR)
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
+    return max(0, st.f_bavail * st.f_frsize - _cache.shm_reserved_bytes())
 
 
 def _shm_error(needed: int, workers: int, window: int) -> SharedMemoryError:

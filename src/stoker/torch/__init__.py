@@ -15,6 +15,7 @@ from stoker import _dataset
 from stoker._stats import LoaderStatistics
 from stoker._strings import StringArray
 from stoker._worker_info import WorkerInfo, get_worker_info
+from stoker.torch._cache import CachedDataset, CacheStatistics, cached
 from stoker.torch._data import (
     ChainDataset,
     ConcatDataset,
@@ -39,6 +40,8 @@ from stoker.torch._sampling import (
 
 __all__ = [
     "BatchSampler",
+    "CacheStatistics",
+    "CachedDataset",
     "ChainDataset",
     "ConcatDataset",
     "DataLoader",
@@ -57,6 +60,7 @@ __all__ = [
     "TensorDataset",
     "WeightedRandomSampler",
     "WorkerInfo",
+    "cached",
     "default_collate",
     "default_convert",
     "get_worker_info",

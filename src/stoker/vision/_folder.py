@@ -7,6 +7,10 @@ that starts with a crop/resize, flips, ``ToTensor`` and ``Normalize`` decodes JP
 through the fused fast path (:mod:`stoker.vision._fused`); anything else runs the plain
 ``loader`` + ``transform``. With ``decode="gpu"`` the same pipeline's draws are made in the
 workers and the JPEGs are decoded and transformed on the GPU (:mod:`stoker.vision._gpu`).
+
+With ``cache=`` the decoded pixels of each file are kept in a :func:`stoker.cached` store
+shared by all workers (:class:`_Pixels`): the transforms (random crops and flips included)
+then run on the cached pixels every epoch, and the files are decoded once.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
+from stoker import _cache
 from stoker._batch import ColumnBatch
 from stoker.vision import _fused, _gpu, _workspace
 from stoker.vision._decode import default_loader, pil_loader
 from stoker.vision._lists import SampleList
+from stoker.vision.transforms._geometric import RandomResizedCrop
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 _LAYOUT = "root/<class_name>/<file>, e.g. root/cat/001.jpg"
@@ -123,29 +130,77 @@ def make_dataset(
     return instances
 
 
+_NONE, _FUSED, _PLAIN = 0, 1, 2
+"""What a pixel cache entry holds: nothing usable (load the file), the fast path's decode,
+or the loader's RGB image as an array."""
+
+
+class _Pixels:
+    """The decoded pixels of a folder's files, by index: the dataset a pixel cache caches.
+
+    Entry ``i`` is ``(pixels, meta)``: H x W x 3 uint8 and int64 ``[kind, height, width,
+    divisor]``. For a JPEG the fast path takes, the whole image decoded as the fast path
+    decodes it (:func:`stoker.vision._fused.decode_for_cache`); for other files with the
+    default loader, its RGB image; otherwise nothing (the file is loaded every time).
+    """
+
+    def __init__(self, folder: DatasetFolder, reduce: bool) -> None:
+        self.folder = folder
+        self.samples = folder.samples
+        self.reduce = reduce
+        fast = folder._fast_plan()
+        self.mode = "none" if fast is None else f"{type(fast.geometry).__name__}/{fast.fast_decode}"
+        if fast is not None and reduce and isinstance(fast.geometry, RandomResizedCrop):
+            self.mode += f"/cover{max(fast.geometry.size)}"
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        folder = self.folder
+        path = self.samples[index][0]
+        fast = folder._fast_plan()
+        if fast is not None:
+            with open(path, "rb") as f:
+                data = f.read()
+            job = _fused.decode_for_cache(fast, path, data, self.reduce)
+            if job is not None and job.decoded is not None:
+                h, w = job.size
+                return job.decoded, np.array([_FUSED, h, w, job.divisor], np.int64)
+        if folder.loader is default_loader or folder.loader is pil_loader:
+            image = np.asarray(folder.loader(path))
+            return image, np.array([_PLAIN, *image.shape[:2], 1], np.int64)
+        return np.zeros((0, 0, 3), np.uint8), np.array([_NONE, 0, 0, 0], np.int64)
+
+    def __repr__(self) -> str:
+        return f"pixels of {self.folder.root!r} ({self.mode}, reduce={self.reduce})"
+
+
 class DatasetFolder:
     """A generic ``root/<class>/<file>`` dataset: sample ``i`` is ``(loader(path), class_index)``.
 
     Args:
         root: the folder holding one subfolder per class.
         loader: reads a sample from its path.
-        extensions: the file endings to keep; excludes ``is_valid_file``.
-        transform: applied to each loaded sample.
-        target_transform: applied to each class index.
-        is_valid_file: decides which files to keep; excludes ``extensions``.
+        extensions: the file endings to keep (or ``is_valid_file``).
+        transform, target_transform: applied to each sample, each class index.
+        is_valid_file: decides which files to keep (or ``extensions``).
         allow_empty: accept class folders with no valid file.
-        decode: "cpu" (default) decodes in the workers; "gpu" sends the JPEG bytes and the
-            random draws, and the main process decodes and transforms them on the GPU
-            (:mod:`stoker.vision._gpu`).
+        decode: "cpu" (default) decodes in the workers; "gpu" in the main process, on the
+            GPU (:mod:`stoker.vision._gpu`).
+        cache: None, "memory" or a directory: decoded pixels kept in one store for all
+            workers, transformed anew every epoch (docs/caching.md).
+        cache_budget: the store's size in bytes (required with ``cache``).
+        cache_reduce: keep a random crop's pixels at the least DCT scale covering the output.
 
     Attributes:
         classes: the class names, sorted.
         class_to_idx: class name to index.
-        samples: the ``(path, class_index)`` pairs (a list-like backed by NumPy arrays).
-        targets: the class index of every sample (a list-like of ints).
+        samples: the ``(path, class_index)`` pairs (list-like, NumPy-backed).
+        targets: the class index of every sample.
 
     Raises:
-        FileNotFoundError: for a missing root, no class folder, or an empty class folder.
+        FileNotFoundError: for a missing root or an empty class folder.
     """
 
     def __init__(
@@ -159,6 +214,9 @@ class DatasetFolder:
         allow_empty: bool = False,
         *,
         decode: str = "cpu",
+        cache: str | os.PathLike[str] | None = None,
+        cache_budget: int | None = None,
+        cache_reduce: bool = False,
     ) -> None:
         if decode not in ("cpu", "gpu"):
             raise ValueError(
@@ -194,6 +252,46 @@ class DatasetFolder:
         self._step: _gpu.BatchStep | None = None
         if decode == "gpu":
             _gpu.check_plan(self._fast_plan(), transform)
+        self._pixel_cache: _cache.CachedDataset | None = None
+        if cache is not None:
+            if decode != "cpu" or cache_budget is None:
+                raise ValueError(
+                    "cache keeps decoded pixels for decode='cpu' and needs cache_budget (the "
+                    f"store's bytes), got decode={decode!r}, cache_budget={cache_budget!r}."
+                )
+            self._pixel_cache = _cache.CachedDataset(
+                _Pixels(self, cache_reduce), cache_budget, cache, always=True
+            )
+
+    def _pixels(self, index: int) -> tuple[np.ndarray[Any, Any], int, int, int, int] | None:
+        """The pixel cache's entry for ``index`` as (pixels, kind, height, width, divisor)."""
+        if self._pixel_cache is None:
+            return None
+        pixels, meta = self._pixel_cache[index]
+        kind, h, w, d = (int(x) for x in meta)
+        return pixels, kind, h, w, d
+
+    def _cached_job(self, fast: _fused.FusedPlan, index: int) -> tuple[_fused.Job | None, Any]:
+        """With a pixel cache: (the fast path's job drawn on the cached pixels, None), or
+        (None, the sample loaded as the plain path would); without: (None, None)."""
+        entry = self._pixels(index)
+        if entry is None:
+            return None, None
+        pixels, kind, h, w, d = entry
+        path = self.samples[index][0]
+        if kind == _FUSED:
+            job = _fused.prepare_decoded(fast, path, (h, w), pixels, d)
+            if job is not None:
+                return job, None
+        return None, self._plain(index, entry)
+
+    def _plain(self, index: int, entry: tuple[Any, ...] | None) -> Any:
+        """``transform(loader(path))``, on the cached RGB image when there is one."""
+        if entry is not None and entry[1] == _PLAIN:
+            sample: Any = Image.fromarray(entry[0], "RGB")
+        else:
+            sample = self.loader(self.samples[index][0])
+        return sample if self.transform is None else self.transform(sample)
 
     @staticmethod
     def make_dataset(
@@ -264,7 +362,14 @@ class DatasetFolder:
         path, target = self.samples[index]
         sample: Any = None
         fast = self._fast_plan()
-        if fast is not None:
+        if self._pixel_cache is not None:
+            if fast is None:
+                sample = self._plain(index, self._pixels(index))
+            else:
+                job, sample = self._cached_job(fast, index)
+                if job is not None:
+                    sample = _fused.finish(fast, _fused.execute(fast, job))
+        elif fast is not None:
             with open(path, "rb") as f:
                 data = f.read()
             sample = _fused.run(fast, path, data)
@@ -289,16 +394,21 @@ class DatasetFolder:
             return self._encoded(indices)
         fast = self._fast_plan()
         if fast is None:
-            return [self[i] for i in indices]
+            return [self[i] for i in indices]  # (the pixel cache serves them there)
         items: list[Any] = []
         jobs: list[_fused.Job] = []
         targets: list[Any] = []
         for slot, index in enumerate(indices):
             path, target = self.samples[index]
-            job = _fused.prepare(fast, path, _workspace.read(path, slot))
+            if self._pixel_cache is not None:
+                job, plain = self._cached_job(fast, index)
+            else:
+                job, plain = _fused.prepare(fast, path, _workspace.read(path, slot)), None
             if job is None:  # not a JPEG the fast path takes: the plain path, in order
-                sample = self.loader(path)
-                items.append(sample if self.transform is None else self.transform(sample))
+                if plain is None:
+                    sample = self.loader(path)
+                    plain = sample if self.transform is None else self.transform(sample)
+                items.append(plain)
             else:
                 items.append(len(jobs))
                 jobs.append(job)
@@ -350,10 +460,11 @@ class ImageFolder(DatasetFolder):
         loader: reads an image from its path (default: RGB through Pillow).
         is_valid_file: decides which files to keep (then any extension counts).
         allow_empty: accept class folders with no valid file.
-        decode: "cpu" (default) decodes in the workers; "gpu" sends the JPEG bytes and the
-            random draws, and the loader decodes and transforms them on the GPU in the main
-            process (batches of N x 3 x H x W float32 on the device and the targets; see
-            :mod:`stoker.vision._gpu`).
+        decode: "cpu" (default) or "gpu" (see :class:`DatasetFolder`).
+        cache: None, "memory" or a directory: keep decoded pixels, shared by all workers.
+        cache_budget: the pixel store's size in bytes (required with ``cache``).
+        cache_reduce: keep a random crop's pixels at a reduced size that still covers the
+            output.
 
     Attributes:
         imgs: the same as ``samples``.
@@ -369,6 +480,9 @@ class ImageFolder(DatasetFolder):
         allow_empty: bool = False,
         *,
         decode: str = "cpu",
+        cache: str | os.PathLike[str] | None = None,
+        cache_budget: int | None = None,
+        cache_reduce: bool = False,
     ) -> None:
         super().__init__(
             root,
@@ -379,5 +493,8 @@ class ImageFolder(DatasetFolder):
             is_valid_file=is_valid_file,
             allow_empty=allow_empty,
             decode=decode,
+            cache=cache,
+            cache_budget=cache_budget,
+            cache_reduce=cache_reduce,
         )
         self.imgs = self.samples

@@ -193,6 +193,9 @@ class Job:
     box: tuple[float, float, float, float]
     out: tuple[int, int]
     flips: tuple[bool, ...]
+    decoded: np.ndarray[Any, Any] | None = None
+    """The image already decoded at 1/``divisor`` scale (a pixel cache's entry), or None."""
+    divisor: int = 1
 
 
 def prepare(p: FusedPlan, path: str, data: _decode.Data) -> Job | None:
@@ -212,12 +215,60 @@ def prepare(p: FusedPlan, path: str, data: _decode.Data) -> Job | None:
         height, width, colorspace = header
         if colorspace not in _PLAIN_COLORSPACES:
             return None  # CMYK / YCCK: Pillow converts those
-    box = _box(p, height, width)
+    return _draw(p, path, data, (height, width))
+
+
+def prepare_decoded(
+    p: FusedPlan, path: str, size: tuple[int, int], decoded: np.ndarray[Any, Any], divisor: int
+) -> Job | None:
+    """:func:`prepare` for an image already decoded (H x W x 3 uint8 at 1/``divisor`` of
+    its full ``size``): the same draws, and no decode when the job runs."""
+    return _draw(p, path, b"", size, decoded, divisor)
+
+
+def _draw(
+    p: FusedPlan,
+    path: str,
+    data: _decode.Data,
+    size: tuple[int, int],
+    decoded: np.ndarray[Any, Any] | None = None,
+    divisor: int = 1,
+) -> Job | None:
+    box = _box(p, *size)
     if box is None:
         return None
     top, left, bh, bw, oh, ow = box
     flips = tuple(vertical for vertical, prob in p.flips if random.random() < prob)
-    return Job(path, data, (height, width), (top, left, bh, bw), (oh, ow), flips)
+    return Job(path, data, size, (top, left, bh, bw), (oh, ow), flips, decoded, divisor)
+
+
+def decode_for_cache(p: FusedPlan, path: str, data: bytes, reduce: bool) -> Job | None:
+    """The pixels a pixel cache keeps for a JPEG: a Job whose ``decoded`` is the whole image,
+    decoded as :func:`pixels` would (the accurate decode for Resize, which must match
+    torchvision; the fast one for RandomResizedCrop), at full scale, or with ``reduce`` (a
+    random crop only) at the smallest DCT scale whose shorter side still covers the output.
+    None (drawing nothing) when the fast path does not take the file."""
+    if not _decode.is_jpeg(data):
+        return None
+    header = _decode.jpeg_header(data, path)
+    if header is None or header[2] not in _PLAIN_COLORSPACES:
+        return None
+    height, width, _ = header
+    divisor = 1
+    g = p.geometry
+    if reduce and type(g) is RandomResizedCrop:
+        need = max(g.size)
+        for d in (8, 4, 2):
+            if math.ceil(min(height, width) / d) >= need:
+                divisor = d
+                break
+    src = _decode.decode_scaled(data, path, (height, width), divisor, p.fast_decode, None)
+    if not isinstance(src, np.ndarray) or src.shape[:2] != (
+        math.ceil(height / divisor),
+        math.ceil(width / divisor),
+    ):
+        return None
+    return Job(path, b"", (height, width), (0, 0, 0, 0), (0, 0), (), src, divisor)
 
 
 def execute(
@@ -257,7 +308,9 @@ def pixels(p: FusedPlan, job: Job, out: np.ndarray[Any, Any] | None = None) -> n
     divisor = _decode.dct_divisor(bh, bw, oh, ow) if random_crop else 1
     origin = (0, 0)
     src: _decode.Decoded
-    if random_crop and p.fast_decode and _decode.decodes_regions():
+    if job.decoded is not None:  # a pixel cache's image
+        divisor, src = job.divisor, job.decoded
+    elif random_crop and p.fast_decode and _decode.decodes_regions():
         origin, src = _decode_crop(job, divisor)
     else:
         # The random crop needs the rows down to its bottom only: the decoder stops there.

@@ -1,0 +1,704 @@
+"""A cache of a deterministic dataset's samples: computed once, one copy shared by all workers.
+
+:func:`cached` wraps a map-style dataset. The first load of sample ``i`` (in any process
+or thread) stores it in one store every process maps:
+a POSIX shared-memory segment (``where="memory"``, unlinked when its creator's cache object
+is gone) or a file on disk. Later loads get read-only NumPy views into it, without a copy.
+
+A store is a header, one table row per index (empty / being written / ready, offset,
+length, stamp, CRC-32) and a data area filled front to back; a miss computes outside any
+lock and publishes its row last, (no torn entry is ever read). A fixed set of indices is
+kept (a shuffled pass thrashes LRU), caching turns itself off when producing costs less
+than reading back, and the store is keyed by what produced it. See ``docs/caching.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import math
+import mmap
+import operator
+import os
+import pickle
+import secrets
+import threading
+import time
+import weakref
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from stoker._worker_info import get_worker_info
+
+if TYPE_CHECKING:
+    from stoker._stats import LoaderStatistics
+
+try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
+    import _posixshmem  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
+
+MAGIC = b"STKCACH1"
+ALIGN = 64
+"""Entries and the arrays in them start on 64-byte boundaries."""
+PAYS_FACTOR = 2.0
+"""Caching pays when producing a sample costs at least this many reads of it back."""
+MEASURE_ENTRIES = 8
+"""Entries whose produce and read-back times decide whether caching pays."""
+ROWS = 64
+"""Counter rows in the header: 0 for the main process, 1 + worker id for a worker (ids past
+the last row share it: their counts may then lose increments; the data never does)."""
+
+EMPTY, WRITING, READY = 0, 1, 2
+_UNDECIDED, _ON, _OFF, _PRELOADED = 0, 1, 2, 3
+_DECISIONS = {_UNDECIDED: "measuring", _ON: "caching", _OFF: "off", _PRELOADED: "preloaded"}
+# header fields (int64 each, after the 8-byte magic)
+_H_VERSION, _H_KEY, _H_LEN, _H_SIZE, _H_DATA, _H_USED, _H_LIMIT, _H_DECISION = range(8)
+_H_PRODUCE, _H_READ, _H_MEASURED, _H_FIELDS = 8, 9, 10, 16
+_C_HITS, _C_MISSES, _C_STORED, _C_STALE, _C_CORRUPT, _C_FIELDS = 0, 1, 2, 3, 4, 8
+_T_STATE, _T_OFFSET, _T_LENGTH, _T_STAMP, _T_CRC, _T_FIELDS = 0, 1, 2, 3, 4, 5
+_VERSION = 1
+_PREFIX = 4  # bytes: the length of an entry's pickled skeleton
+
+
+def _round_up(n: int, to: int = ALIGN) -> int:
+    return -(-n // to) * to
+
+
+def _layout(length: int) -> tuple[int, int]:
+    """(bytes of header + counters, bytes of the table) of a store for ``length`` indices."""
+    head = _round_up(8 + 8 * _H_FIELDS + 8 * ROWS * _C_FIELDS, 4096)
+    return head, _round_up(8 * _T_FIELDS * length, 4096)
+
+
+@dataclass(frozen=True)
+class CacheStatistics:
+    """What a cache did, summed over every process and thread that used it.
+
+    Attributes:
+        where: "memory" or the store's file.
+        budget_bytes: the store's size (header, table and data); never exceeded.
+        used_bytes: data bytes written (including space of entries rewritten when stale).
+        entries: entries ready now.
+        length: the dataset's length.
+        admitted: the fixed set of indices kept, ``0 .. admitted-1`` (None before the
+            first entry decides it).
+        hits: loads served from the cache.
+        misses: loads that ran the dataset (while caching, off, or outside the set).
+        stale: entries found out of date (their file changed) and recomputed.
+        corrupt: entries whose checksum failed on disk, recomputed and never served.
+        decision: "measuring", "caching", "preloaded" or "off", with the measured produce
+            and read-back times per sample when known.
+    """
+
+    where: str
+    budget_bytes: int
+    used_bytes: int
+    entries: int
+    length: int
+    admitted: int | None
+    hits: int
+    misses: int
+    stale: int
+    corrupt: int
+    decision: str
+
+    @property
+    def hit_rate(self) -> float:
+        """``hits / (hits + misses)`` (0 before any load)."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class _ArrayRef:
+    """Where one array of an entry lies: offset from the entry's start, dtype, shape."""
+
+    __slots__ = ("dtype", "offset", "shape")
+
+    def __init__(self, offset: int, dtype: str, shape: tuple[int, ...]) -> None:
+        self.offset, self.dtype, self.shape = offset, dtype, shape
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _ArrayRef, (self.offset, self.dtype, self.shape)
+
+
+def _split(sample: Any, arrays: list[np.ndarray[Any, Any]]) -> Any:
+    """``sample`` with its plain NumPy arrays replaced by placeholders (the arrays appended
+    to ``arrays``; their offsets are filled in by :func:`encode`)."""
+    kind = type(sample)
+    if kind is np.ndarray and sample.dtype.kind in "biufc?" and not sample.dtype.hasobject:
+        arrays.append(sample)
+        return _ArrayRef(len(arrays) - 1, sample.dtype.str, sample.shape)
+    if kind is tuple or kind is list:
+        return kind(_split(x, arrays) for x in sample)
+    if kind is dict:
+        return {k: _split(v, arrays) for k, v in sample.items()}
+    return sample
+
+
+def encode(sample: Any) -> tuple[bytes, list[np.ndarray[Any, Any]], list[int], int]:
+    """(pickled skeleton, arrays, their offsets in the entry, entry size) of ``sample``."""
+    arrays: list[np.ndarray[Any, Any]] = []
+    skeleton = _split(sample, arrays)
+    offsets = []
+    # the skeleton's size depends on the offsets it holds: lay out with room for them
+    size = _round_up(_PREFIX + len(pickle.dumps(skeleton, 5)) + 16 * len(arrays))
+    for a in arrays:
+        offsets.append(size)
+        size = _round_up(size + a.nbytes)
+    _place(skeleton, offsets)
+    blob = pickle.dumps(skeleton, 5)
+    if _PREFIX + len(blob) > (offsets[0] if offsets else size):
+        raise AssertionError("cache entry layout overflow")  # pragma: no cover
+    return blob, arrays, offsets, max(size, _round_up(_PREFIX + len(blob)))
+
+
+def _place(node: Any, offsets: list[int]) -> None:
+    """Turn the placeholders' array numbers into the arrays' offsets in the entry."""
+    if type(node) is _ArrayRef:
+        node.offset = offsets[node.offset]
+    elif type(node) in (tuple, list):
+        for x in node:
+            _place(x, offsets)
+    elif type(node) is dict:
+        for x in node.values():
+            _place(x, offsets)
+
+
+def decode(buf: Any, start: int) -> Any:
+    """The sample of the entry at ``start`` in ``buf``: arrays as read-only views."""
+    n = int.from_bytes(buf[start : start + _PREFIX], "little")
+    skeleton = pickle.loads(buf[start + _PREFIX : start + _PREFIX + n])
+    return _join(skeleton, buf, start)
+
+
+def _join(node: Any, buf: Any, start: int) -> Any:
+    kind = type(node)
+    if kind is _ArrayRef:
+        dtype = np.dtype(node.dtype)
+        count = math.prod(node.shape)
+        a = np.frombuffer(buf, dtype, count, start + node.offset).reshape(node.shape)
+        a.flags.writeable = False
+        return a
+    if kind is tuple or kind is list:
+        return kind(_join(x, buf, start) for x in node)
+    if kind is dict:
+        return {k: _join(v, buf, start) for k, v in node.items()}
+    return node
+
+
+def fingerprint(dataset: Any) -> int:
+    """A 63-bit key of what produces ``dataset``'s samples: its type, length and repr, its
+    transforms' repr, and for folder datasets every file's path, size and mtime."""
+    h = hashlib.blake2b(digest_size=8)
+    kind = type(dataset)
+    h.update(f"{kind.__module__}.{kind.__qualname__}|{len(dataset)}".encode())
+    for attr in ("transform", "target_transform", "transforms"):
+        h.update(repr(getattr(dataset, attr, None)).encode())
+    if getattr(kind, "__repr__", None) is not getattr(object, "__repr__", None):
+        # (the default repr names an address: no key)
+        with contextlib.suppress(Exception):
+            h.update(repr(dataset).encode())
+    path_of = _path_of(dataset)
+    for i in range(len(dataset) if path_of is not None else 0):
+        path = path_of(i)  # type: ignore[misc]
+        st = os.stat(path)
+        h.update(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _path_of(dataset: Any) -> Callable[[int], str] | None:
+    """Index to file, for a folder dataset (``samples`` of (path, target)); else None."""
+    samples = getattr(dataset, "samples", None)
+    if samples is None or not hasattr(samples, "__len__") or len(samples) != len(dataset):
+        return None
+    path = getattr(samples, "path", None)
+    if callable(path):
+        return path  # type: ignore[no-any-return]
+    return lambda i: str(samples[i][0])
+
+
+def file_stamp(path: str) -> int:
+    """A nonzero 63-bit stamp of a file's size and mtime: an entry made from the file is
+    served only while the file still has it."""
+    st = os.stat(path)
+    return ((st.st_mtime_ns * 1_000_003) ^ st.st_size) & (2**63 - 1) | 1
+
+
+_LIVE: weakref.WeakSet[_Store] = weakref.WeakSet()
+"""Stores in shared memory mapped by this process (for :func:`shm_reserved_bytes`)."""
+
+
+def shm_reserved_bytes() -> int:
+    """Bytes that live shared-memory caches of this process may still write into /dev/shm
+    (their segments are sparse: ``statvfs`` does not count pages not yet written)."""
+    total = 0
+    for store in list(_LIVE):
+        if store.owner == os.getpid() and not store.closed:
+            total += max(0, store.size - store.touched())
+    return total
+
+
+class _Store:
+    """One mapped store (a shared-memory segment or a file): the header, the table, the data.
+
+    Args:
+        where: "memory" or a directory.
+        length: indices in the table.
+        budget: the store's size in bytes.
+        key: the :func:`fingerprint` of the dataset.
+        name: the segment or file to attach to (None: create one).
+    """
+
+    def __init__(self, where: str, length: int, budget: int, key: int, name: str | None) -> None:
+        head, table = _layout(length)
+        if budget < head + table + ALIGN:
+            raise ValueError(
+                f"budget must hold the cache's header and index table ({head + table:,} bytes "
+                f"for {length:,} samples) plus data, got {budget:,}; pass a larger budget."
+            )
+        self.where, self.length, self.size, self.key = where, length, budget, key
+        self.data_start = head + table
+        self.owner = os.getpid()
+        self.closed = False
+        self._lock = threading.Lock()
+        self._verified: np.ndarray[Any, Any] | None = None
+        if where == "memory":
+            self.name = name or f"stoker_{os.getpid()}_cache_{secrets.token_hex(4)}"
+            self.fd = self._open_shm(create=name is None)
+        else:
+            self.name = name or os.path.join(where, f"stoker-cache-{key:016x}.bin")
+            self.fd = self._open_file()
+        self.mm = mmap.mmap(self.fd, budget, mmap.MAP_SHARED)
+        # int64 fields as memoryviews: a Python int per access, far cheaper than NumPy's
+        view = memoryview(self.mm)
+        self.header = view[8 : 8 + 8 * _H_FIELDS].cast("q")
+        self.counters = view[8 + 8 * _H_FIELDS : 8 + 8 * (_H_FIELDS + ROWS * _C_FIELDS)].cast("q")
+        self.table = view[head : head + 8 * length * _T_FIELDS].cast("q")
+        del view
+        if where == "memory":
+            if name is None:
+                self._init_header()
+                _LIVE.add(self)
+        else:
+            self._verified = np.zeros(length, np.bool_)
+            self._recover()
+        unlink = self.name if name is None and where == "memory" else None
+        self._finalizer = weakref.finalize(self, _close, self.mm, self.fd, unlink, self.owner)
+        _ALL.add(self)
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _open_shm(self, create: bool) -> int:
+        if _posixshmem is None:  # pragma: no cover
+            raise OSError("where='memory' needs POSIX shared memory; pass a directory instead.")
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd: int = _posixshmem.shm_open("/" + self.name, flags, 0o600)
+        if create:
+            os.ftruncate(fd, self.size)
+        return fd
+
+    def _open_file(self) -> int:
+        """The store's file, checked; made again (atomically) when missing, foreign,
+        truncated or of another size."""
+        os.makedirs(os.path.dirname(self.name) or ".", exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self.name, os.O_RDWR)
+            if self._header_ok(fd):
+                return fd
+            os.close(fd)
+        tmp = f"{self.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, self.size)
+            mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED)
+            header = np.frombuffer(mm, np.int64, _H_FIELDS, 8)
+            self._fill_header(header)
+            mm[:8] = MAGIC
+            del header
+            mm.flush()
+            mm.close()
+            os.fsync(fd)
+            os.replace(tmp, self.name)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return fd
+
+    def _header_ok(self, fd: int) -> bool:
+        if os.fstat(fd).st_size != self.size:
+            return False  # truncated, or made for another budget
+        raw = os.pread(fd, 8 + 8 * _H_FIELDS, 0)
+        if raw[:8] != MAGIC:
+            return False
+        h = np.frombuffer(raw, np.int64, _H_FIELDS, 8)
+        return bool(
+            h[_H_VERSION] == _VERSION
+            and h[_H_KEY] == self.key
+            and h[_H_LEN] == self.length
+            and h[_H_SIZE] == self.size
+            and h[_H_DATA] == self.data_start
+            and self.data_start <= h[_H_USED] <= self.size
+        )
+
+    def _fill_header(self, header: Any) -> None:
+        for i in range(_H_FIELDS):
+            header[i] = 0
+        header[_H_VERSION], header[_H_KEY], header[_H_LEN] = _VERSION, self.key, self.length
+        header[_H_SIZE], header[_H_DATA] = self.size, self.data_start
+        header[_H_USED], header[_H_LIMIT] = self.data_start, -1
+
+    def _init_header(self) -> None:
+        self._fill_header(self.header)
+        self.mm[:8] = MAGIC
+
+    def _recover(self) -> None:
+        """Rows a crashed writer left "being written" are empty again, when no other
+        process has the file open (an exclusive ``flock``); then hold it shared."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass
+        else:
+            states = self.column(_T_STATE)
+            states[states == WRITING] = EMPTY
+            del states
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    def column(self, field: int) -> np.ndarray[Any, Any]:
+        """One field of every table row, as a (writable) NumPy view."""
+        return np.frombuffer(self.table, np.int64).reshape(self.length, _T_FIELDS)[:, field]
+
+    # -- the lock ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The store's lock, across this process's threads and other processes."""
+        with self._lock:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX, 8, 0)
+            try:
+                yield
+            finally:
+                fcntl.lockf(self.fd, fcntl.LOCK_UN, 8, 0)
+
+    # -- entries -----------------------------------------------------------------------------
+
+    def read(self, index: int, stamp: int) -> tuple[Any, int]:
+        """(the sample, status): status READY when served, EMPTY when absent, WRITING when
+        being written elsewhere, -1 when stale, -2 when corrupt."""
+        t, row = self.table, index * _T_FIELDS
+        state = t[row + _T_STATE]
+        if state != READY:
+            return None, min(state, WRITING)
+        offset, length = t[row + _T_OFFSET], t[row + _T_LENGTH]
+        if t[row + _T_STAMP] != stamp:
+            return None, -1
+        if self._verified is not None and not self._verified[index]:
+            ok = self.data_start <= offset and offset + length <= self.size
+            if not ok or zlib.crc32(self.mm[offset : offset + length]) != t[row + _T_CRC]:
+                return None, -2
+            self._verified[index] = True
+        return decode(self.mm, offset), READY
+
+    def write(self, index: int, stamp: int, sample: Any, replace: bool) -> bool:
+        """Store ``sample`` as entry ``index``; False when it is someone else's to write,
+        outside the admitted set, or does not fit."""
+        blob, arrays, offsets, size = encode(sample)
+        with self.locked():
+            t, row, h = self.table, index * _T_FIELDS, self.header
+            if t[row + _T_STATE] == WRITING or (t[row + _T_STATE] == READY and not replace):
+                return False
+            limit = h[_H_LIMIT]
+            if limit < 0:  # the first entry fixes the admitted set
+                limit = min(self.length, (self.size - self.data_start) // size)
+                h[_H_LIMIT] = limit
+            used = h[_H_USED]
+            if index >= limit or used + size > self.size:
+                return False
+            h[_H_USED] = used + size
+            t[row + _T_STATE] = WRITING
+        mm = self.mm
+        mm[used : used + _PREFIX] = len(blob).to_bytes(_PREFIX, "little")
+        mm[used + _PREFIX : used + _PREFIX + len(blob)] = blob
+        for a, off in zip(arrays, offsets, strict=True):
+            dst = np.frombuffer(mm, a.dtype, a.size, used + off).reshape(a.shape)
+            dst[...] = a
+        crc = zlib.crc32(mm[used : used + size]) if self._verified is not None else 0
+        t[row + _T_OFFSET], t[row + _T_LENGTH], t[row + _T_STAMP] = used, size, stamp
+        t[row + _T_CRC] = crc
+        t[row + _T_STATE] = READY  # last: readers see a whole entry or none
+        if self._verified is not None:
+            self._verified[index] = True
+        return True
+
+    def touched(self) -> int:
+        """Bytes of the store written so far (header, table and the data used)."""
+        return self.header[_H_USED] if not self.closed else 0
+
+    def close(self) -> None:
+        """Unmap now (views handed out keep the mapping until they die)."""
+        self.closed = True
+        for view in (self.header, self.counters, self.table):
+            view.release()
+        self._finalizer()
+
+
+_ALL: weakref.WeakSet[_Store] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for store in list(_ALL):
+        store._lock = threading.Lock()  # a thread of the parent may have held it
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _close(mm: mmap.mmap, fd: int, unlink: str | None, owner: int) -> None:
+    """Unmap and close; the process that made a segment (not a forked copy) unlinks it."""
+    if unlink is not None and _posixshmem is not None and os.getpid() == owner:
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + unlink)
+    with contextlib.suppress(BufferError):  # views still alive: their mapping stays
+        mm.close()
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _row() -> int:
+    info = get_worker_info()
+    return 0 if info is None else min(ROWS - 1, info.id + 1)
+
+
+class CachedDataset:
+    """A map-style dataset whose samples are computed once and then read from a shared store.
+
+    Made by :func:`cached`; see the module docstring for how it stores, which samples it
+    keeps and when it turns itself off. Pickles (to spawned workers) as the name of its
+    store, which workers attach to; forked workers and threads use the same mapping.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        budget: int,
+        where: str | os.PathLike[str] = "memory",
+        preload: bool = False,
+        always: bool = False,
+    ) -> None:
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise TypeError(
+                f"cached() needs a map-style dataset (with __getitem__ and __len__), got "
+                f"{type(dataset).__name__}; an iterable dataset has no index to cache by."
+            )
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+            raise ValueError(f"budget must be a positive number of bytes, got {budget!r}.")
+        self.dataset = dataset
+        self.where = "memory" if where == "memory" else os.path.abspath(os.fspath(where))
+        self.budget = budget
+        self.always = always
+        self._path_of = _path_of(dataset)
+        self._key = fingerprint(dataset)
+        self._store: _Store | None = _Store(self.where, len(dataset), budget, self._key, None)
+        self._name = self._store.name
+        self._closed = False
+        if preload:
+            self.preload()
+
+    def _opened(self) -> _Store:
+        store = self._store
+        if store is None:  # unpickled in a spawned worker: attach by name
+            if self._closed:
+                raise ValueError("this cache was closed; make a new one with stoker.cached().")
+            store = _Store(self.where, len(self.dataset), self.budget, self._key, self._name)
+            self._store = store
+        return store
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_store"] = None
+        state["_path_of"] = None  # may be a lambda: found again on the other side
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._path_of = _path_of(self.dataset)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def stamp(self, index: int) -> int:
+        """The stamp an entry must carry to be served (its file's size and mtime, or 1)."""
+        if self._path_of is not None:
+            return file_stamp(self._path_of(index))
+        return 1
+
+    def __getitem__(self, index: int) -> Any:
+        store = self._opened()
+        index, n = operator.index(index), store.length
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range for a dataset of {n} samples")
+        index = index % n
+        counters, row = store.counters, _row() * _C_FIELDS
+        if store.header[_H_DECISION] == _OFF:
+            counters[row + _C_MISSES] += 1
+            return self.dataset[index]
+        stamp = self.stamp(index)
+        sample, status = store.read(index, stamp)
+        if status == READY:
+            counters[row + _C_HITS] += 1
+            return sample
+        counters[row + _C_MISSES] += 1
+        if status == -1:
+            counters[row + _C_STALE] += 1
+        elif status == -2:
+            counters[row + _C_CORRUPT] += 1
+        t0 = time.perf_counter()
+        sample = self.dataset[index]
+        produce = time.perf_counter() - t0
+        if status != WRITING and store.write(index, stamp, sample, replace=status < 0):
+            counters[row + _C_STORED] += 1
+            self._measure(store, index, produce)
+            if sample is not None:
+                sample, _ = store.read(index, stamp)  # the stored copy: hits give the same
+        return sample
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        return [self[int(i)] for i in indices]
+
+    def _measure(self, store: _Store, index: int, produce: float) -> None:
+        """Time reading the entry just stored back; after :data:`MEASURE_ENTRIES`, decide."""
+        header = store.header
+        if header[_H_DECISION] != _UNDECIDED:
+            return
+        t0 = time.perf_counter()
+        store.read(index, self.stamp(index))
+        read = time.perf_counter() - t0
+        with store.locked():
+            if header[_H_DECISION] != _UNDECIDED:
+                return
+            header[_H_PRODUCE] += int(produce * 1e9)
+            header[_H_READ] += int(read * 1e9)
+            header[_H_MEASURED] += 1
+            if header[_H_MEASURED] >= MEASURE_ENTRIES:
+                pays = self.always or header[_H_PRODUCE] >= PAYS_FACTOR * header[_H_READ]
+                header[_H_DECISION] = _ON if pays else _OFF
+
+    def preload(self) -> int:
+        """Load indices ``0, 1, ...`` in this process until the store is full; the entries
+        stored. The kept set is then exactly those indices."""
+        store = self._opened()
+        with store.locked():
+            store.header[_H_DECISION] = _PRELOADED  # asked for: no measuring
+        stored = 0
+        for i in range(len(self)):
+            self[i]
+            if store.table[i * _T_FIELDS + _T_STATE] != READY:
+                break
+            stored += 1
+        return stored
+
+    def statistics(self) -> CacheStatistics:
+        """What the cache did so far, over all processes and threads."""
+        store = self._opened()
+        h = store.header
+        sums = np.frombuffer(store.counters, np.int64).reshape(ROWS, _C_FIELDS).sum(axis=0)
+        decision = _DECISIONS[int(h[_H_DECISION])]
+        if h[_H_MEASURED]:
+            n = int(h[_H_MEASURED])
+            decision += (
+                f" (producing a sample took {h[_H_PRODUCE] / n / 1e3:.1f} us, reading it back "
+                f"{h[_H_READ] / n / 1e3:.1f} us, over {n} samples)"
+            )
+        limit = int(h[_H_LIMIT])
+        return CacheStatistics(
+            where=self.where if self.where == "memory" else store.name,
+            budget_bytes=store.size,
+            used_bytes=int(h[_H_USED]) - store.data_start,
+            entries=int(np.count_nonzero(store.column(_T_STATE) == READY)),
+            length=store.length,
+            admitted=None if limit < 0 else limit,
+            hits=int(sums[_C_HITS]),
+            misses=int(sums[_C_MISSES]),
+            stale=int(sums[_C_STALE]),
+            corrupt=int(sums[_C_CORRUPT]),
+            decision=decision,
+        )
+
+    def close(self) -> None:
+        """Unmap the store now (and, for the process that made a memory cache, unlink it)."""
+        if self._store is not None:
+            self._store.close()
+        self._store = None
+        self._closed = True
+
+    def __repr__(self) -> str:
+        return f"cached({self.dataset!r}, budget={self.budget}, where={self.where!r})"
+
+
+def cached(
+    dataset: Any,
+    budget: int,
+    where: str | os.PathLike[str] = "memory",
+    *,
+    preload: bool = False,
+    always: bool = False,
+) -> CachedDataset:
+    """A dataset that computes ``dataset[i]`` once and serves it from one shared copy after.
+
+    For deterministic datasets: cache the decode, augment on top (e.g. in a wrapper).
+
+    Args:
+        dataset: a map-style dataset.
+        budget: bytes the store may take in all (header, index table and samples); never
+            exceeded. Samples past it are loaded from ``dataset`` every time.
+        where: "memory" (shared memory, gone with this object) or a directory (a file
+            that survives restarts, shared by every loader keyed the same).
+        preload: load indices 0, 1, ... now, in this process, until the budget is full.
+        always: keep caching even when producing a sample costs less than reading it
+            back (measured on the first entries).
+
+    Returns:
+        A :class:`CachedDataset` (in ``stoker.torch``, also a ``torch.utils.data.Dataset``).
+
+    Raises:
+        TypeError: for a dataset without ``__getitem__`` and ``__len__``.
+        ValueError: for a budget that is not a positive int or too small for the table.
+    """
+    return CachedDataset(dataset, budget, where, preload=preload, always=always)
+
+
+def find(dataset: Any, depth: int = 3) -> CachedDataset | None:
+    """The cache a loader's dataset reads through: the dataset itself, an ImageFolder's
+    pixel cache (``_pixel_cache``), or the first found in the datasets a Subset, Concat or
+    Stack dataset wraps (``dataset`` / ``datasets``), ``depth`` levels down."""
+    if isinstance(dataset, CachedDataset):
+        return dataset
+    inner = getattr(dataset, "_pixel_cache", None)
+    if isinstance(inner, CachedDataset) or depth == 0:
+        return inner if isinstance(inner, CachedDataset) else None
+    members = getattr(dataset, "datasets", None)
+    if isinstance(members, dict):
+        members = list(members.values())
+    if not isinstance(members, (list, tuple)):
+        members = [getattr(dataset, "dataset", None)]
+    for member in members:
+        found = find(member, depth - 1) if member is not None else None
+        if found is not None:
+            return found
+    return None
+
+
+def with_cache(stats: LoaderStatistics, dataset: Any) -> LoaderStatistics:
+    """``stats`` with the statistics of the dataset's cache filled in."""
+    cache = find(dataset)
+    return stats if cache is None else dataclasses.replace(stats, cache=cache.statistics())
