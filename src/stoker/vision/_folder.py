@@ -186,8 +186,7 @@ class DatasetFolder:
         transform, target_transform: applied to each sample, each class index.
         is_valid_file: decides which files to keep (or ``extensions``).
         allow_empty: accept class folders with no valid file.
-        decode: "cpu" (default) decodes in the workers; "gpu" in the main process, on the
-            GPU (:mod:`stoker.vision._gpu`).
+        decode: "cpu" (default, in the workers) or "gpu" (:mod:`stoker.vision._gpu`).
         cache: None, "memory" or a directory: decoded pixels kept in one store for all
             workers, transformed anew every epoch (docs/caching.md).
         cache_budget: the store's size in bytes (required with ``cache``).
