@@ -640,15 +640,9 @@ def _format(exc: BaseException) -> str:
 
 
 def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` where Python has it (3.11+), else ``__notes__`` by hand; never
-    raises (an exception may refuse notes)."""
-    try:
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
-        else:  # pragma: no cover - Python 3.10
-            exc.__notes__ = [*getattr(exc, "__notes__", []), note]
-    except Exception:
-        pass
+    """``exc.add_note(note)`` that never raises (an exception may refuse notes)."""
+    with contextlib.suppress(Exception):
+        exc.add_note(note)
 
 
 class _RemoteTraceback(Exception):
