@@ -43,13 +43,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stoker._engine._multi import available_cpus
-from stoker._engine._shm import shm_free_bytes
+from stoker import _osprobe
+from stoker._osprobe import available_cpus, idle_cpus, idle_ticks, shm_free_bytes, tree_cpu_seconds
 
 if TYPE_CHECKING:
     from stoker._loader import DataLoader
@@ -131,7 +129,7 @@ class Autotuner:
         self._rate: float | None = None  # batches/s of the window before the last change
         self._changed = False
         self._mark: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)
-        self._idle_mark = _idle_ticks()
+        self._idle_mark = idle_ticks()
         self._batch_bytes = 0
         self._budget = memory_budget()
         self._in_process = in_process  # still a candidate
@@ -208,8 +206,8 @@ class Autotuner:
             return KEEP
         rate = (rec.batches - batches) / dt
         waited = (rec.wait - wait0) / dt
-        cpu_used = (_tree_cpu_seconds(pids) - cpu0) / dt
-        idle_cpus = _idle_cpus(self._idle_mark, _idle_ticks())
+        cpu_used = (tree_cpu_seconds(pids) - cpu0) / dt
+        idle = idle_cpus(self._idle_mark, idle_ticks())
         self._batch_bytes = max(self._batch_bytes, rec.bytes // max(1, rec.batches))
         if self._changed and self._rate is not None and rate < self._rate * (1 + _MIN_GAIN):
             return self._settle(
@@ -222,7 +220,7 @@ class Autotuner:
                 f"{waited:.0%} of the time ({rate:.3g} batches/s)"
             )
         self._rate = rate
-        more, why_not = self._room(cpu_used, waited, idle_cpus)
+        more, why_not = self._room(cpu_used, waited, idle)
         if more > 0:
             self.workers += more
             self._changed = True
@@ -303,8 +301,8 @@ class Autotuner:
             self._mark = (-1, 0.0, 0.0, 0.0)  # re-opened at the first batch after the skip
             self._due = rec.batches + skip
             return
-        self._mark = (rec.batches, rec.last, rec.wait, _tree_cpu_seconds(pids))
-        self._idle_mark = _idle_ticks()
+        self._mark = (rec.batches, rec.last, rec.wait, tree_cpu_seconds(pids))
+        self._idle_mark = idle_ticks()
         self._due = rec.batches + max(_MIN_WINDOW_BATCHES, self.workers)
 
     def _settle(self, text: str) -> int:
@@ -371,72 +369,10 @@ def memory_budget() -> int:
     :data:`MEMORY_BUDGET_BYTES`. The autotuner adds no worker beyond it, nor beyond half of
     /dev/shm's free space (process workers). Fixed counts are not limited by it.
     """
-    available = _meminfo_available()
-    room = _cgroup_room()
+    available = _osprobe.memory_available()
+    room = _osprobe.cgroup_memory_room()
     if room is not None:
         available = room if available is None else min(available, room)
     if available is None:
         return MEMORY_BUDGET_BYTES
     return max(MEMORY_BUDGET_BYTES, int(available * MEMORY_BUDGET_SHARE))
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _cgroup_room() -> int | None:
-    """Bytes this cgroup (v2) may still take, or None without a limit."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        if limit == "max":
-            return None
-        with open("/sys/fs/cgroup/memory.current") as f:
-            return max(0, int(limit) - int(f.read()))
-    except (OSError, ValueError):
-        return None
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _idle_ticks() -> tuple[int, int] | None:
-    """(idle, total) clock ticks of all CPUs from /proc/stat, or None where it is missing."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])
-
-
-def _idle_cpus(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    """CPUs the whole machine left idle between two :func:`_idle_ticks` readings.
-
-    >>> _idle_cpus((0, 0), (50, 100)) == 0.5 * (os.cpu_count() or 1)
-    True
-    """
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    share = (after[0] - before[0]) / (after[1] - before[1])
-    return share * (os.cpu_count() or 1)
-
-
-def _tree_cpu_seconds(pids: list[int]) -> float:
-    """CPU seconds used so far by this process (all its threads) and by ``pids``."""
-    total = time.process_time()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-        except (OSError, IndexError, ValueError):
-            pass
-    return total

@@ -702,7 +702,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         args: the namespace of the ``bench`` parser.
         out: where the report goes (default: stdout); progress goes to stderr.
     """
-    from stoker._engine._multi import available_cpus
+    from stoker._osprobe import available_cpus
 
     out = out if out is not None else sys.stdout
     cpus = available_cpus()

@@ -28,13 +28,11 @@ epoch (unless ``persistent_workers``), on garbage collection, on interpreter exi
 before any fatal error is raised.
 
 Also here: :func:`workers_warning`, torch's warning when more workers are asked for than
-CPUs are available, counting CPUs from the affinity mask and the cgroup quota.
+CPUs are available (counted by :func:`stoker._osprobe.available_cpus`).
 """
 
 from __future__ import annotations
 
-import math
-import os
 import time
 import warnings
 import weakref
@@ -50,6 +48,7 @@ from stoker._engine._pool import ProcessPool, ThreadPool
 from stoker._engine._tail import concat, mergeable, plan, worth_splitting
 from stoker._engine._transport import RemoteError, group_size
 from stoker._engine._worker import worker_seed
+from stoker._osprobe import available_cpus
 from stoker._random import mix_seed
 from stoker._stats import StatsRecorder
 from stoker.errors import CollateError, WorkerError
@@ -684,35 +683,6 @@ def typical_load_s(loads: Sequence[float]) -> float:
     """
     ordered = sorted(loads) or [0.0]
     return ordered[len(ordered) // 2]
-
-
-def available_cpus() -> int:
-    """CPUs this process may use: the affinity mask, capped by the cgroup CPU quota."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    quota = _cgroup_quota()
-    if quota is not None:
-        cpus = min(cpus, max(1, math.ceil(quota)))
-    return cpus
-
-
-def _cgroup_quota() -> float | None:
-    try:  # cgroup v2
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:  # cgroup v1
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            q = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            p = int(f.read())
-        return None if q <= 0 or p <= 0 else q / p
-    except (OSError, ValueError):
-        return None
 
 
 def workers_warning(num_workers: int, worker_mode: str) -> None:

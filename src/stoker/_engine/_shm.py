@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from stoker._osprobe import SHM_DIR, shm_free_bytes
 from stoker.errors import SharedMemoryError
 
 try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
@@ -43,7 +44,6 @@ try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-SHM_DIR = "/dev/shm"
 NAME_PREFIX = "stoker_"
 ALIGN = 64
 """Leaves start on 64-byte boundaries (cache lines; enough for every dtype and SIMD)."""
@@ -90,15 +90,6 @@ def segment_prefix(owner_pid: int, token: str, worker_id: int) -> str:
     'stoker_12_ab_3_'
     """
     return f"{NAME_PREFIX}{owner_pid}_{token}_{worker_id}_"
-
-
-def shm_free_bytes() -> int | None:
-    """Bytes free in ``/dev/shm`` (None where there is no such directory)."""
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _shm_error(needed: int, workers: int, window: int) -> SharedMemoryError:
