@@ -44,13 +44,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stoker import _osprobe
 from stoker._osprobe import available_cpus, idle_cpus, idle_ticks, shm_free_bytes, tree_cpu_seconds
+from stoker._policy import prefetch_of
 
 if TYPE_CHECKING:
-    from stoker._loader import DataLoader
     from stoker._stats import StatsRecorder
 
 _logger = logging.getLogger(__name__)
@@ -138,35 +138,43 @@ class Autotuner:
         self._retry_after = _RETRY_AFTER
 
     @classmethod
-    def for_loader(cls, loader: DataLoader[Any]) -> Autotuner:
-        """The tuner of ``loader``, whose ``num_workers`` and/or ``prefetch_factor`` is "auto"."""
+    def for_settings(
+        cls,
+        num_workers: int | str,
+        prefetch_factor: int | str | None,
+        worker_mode: str,
+        iterable: bool,
+        in_process: bool,
+    ) -> Autotuner:
+        """The tuner of a loader with these settings, whose ``num_workers`` and/or
+        ``prefetch_factor`` is "auto", or whose fixed count may load in process
+        (``in_process``, see :func:`~stoker._policy.may_load_in_process`)."""
         cpus = available_cpus()
-        tune_workers = loader.num_workers == "auto"
-        tune_prefetch = loader.prefetch_factor == "auto"
+        tune_workers = num_workers == "auto"
+        tune_prefetch = prefetch_factor == "auto"
         if tune_workers:
             capacity = min(_MAX_CAPACITY, max(2, _WORKERS_PER_CPU * cpus))
             workers = 1
-            if loader._iterable:
+            if iterable:
                 # An iterable dataset shards itself by worker count: its output would
                 # depend on the count, so the count is fixed from the start.
                 capacity = workers = cpus
                 tune_workers = False
         else:
-            capacity = workers = int(loader.num_workers)
-        prefetch = 2 if tune_prefetch else int(loader.prefetch_factor or 2)
+            capacity = workers = int(num_workers)
         tuner = cls(
             workers,
             capacity,
-            prefetch,
+            prefetch_of(prefetch_factor),
             tune_workers,
             tune_prefetch,
-            shared_memory=loader.worker_mode == "process",
-            in_process=may_load_in_process(loader),
+            shared_memory=worker_mode == "process",
+            in_process=in_process,
         )
-        if loader.num_workers == "auto" and not tune_workers:
+        if num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
         # A fixed count and prefetch: only the end-of-epoch comparison with in process.
-        tuner.settled = loader.num_workers != "auto" and not tune_prefetch
+        tuner.settled = num_workers != "auto" and not tune_prefetch
         return tuner
 
     @property
@@ -347,17 +355,6 @@ class Autotuner:
 
     def _in_use(self) -> int:
         return self.workers * (self.prefetch + 1) * self._batch_bytes
-
-
-def may_load_in_process(loader: DataLoader[Any]) -> bool:
-    """Whether loading in process may stand in for ``loader``'s workers (module docstring):
-    with ``num_workers="auto"``, or a fixed count where only stoker's code would run in them
-    (a fetcher that surely draws nothing runs none of the user's); never for an iterable
-    dataset (it shards itself by worker count), with ``worker_init_fn`` (it would not run)
-    or ``timeout`` (the main process cannot time itself out)."""
-    if loader._iterable or loader.worker_init_fn is not None or float(loader.timeout):
-        return False
-    return loader.num_workers == "auto" or not loader._make_fetcher().draws
 
 
 def memory_budget() -> int:
