@@ -33,8 +33,8 @@ from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from stoker import _torch
-from stoker._cli import error, number
+from stoker import _command, _torch
+from stoker._command import error, number
 
 _PIN_NO_TORCH = "torch is not installed, so the pin_memory x non_blocking comparison is skipped."
 _PIN_NO_ACCELERATOR = (
@@ -798,9 +798,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``bench`` on its own, as ``stoker bench`` does: ``python -m stoker._bench [options]``."""
-    from stoker._cli import main as stoker_main
-
-    return stoker_main(["bench", *(sys.argv[1:] if argv is None else argv)])
+    args = _command.parser([add_subcommand]).parse_args(
+        ["bench", *(sys.argv[1:] if argv is None else argv)]
+    )
+    return _command.run(args, run)
 
 
 if __name__ == "__main__":
