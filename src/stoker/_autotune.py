@@ -27,12 +27,9 @@ by ``_MIN_GAIN``, the next epoch runs in process as a trial; it stays there only
 faster, else the worker count comes back (and another trial may follow after 2, then 4, 8...
 epochs: a trial slowed by a stall of the machine does not decide for good). Fresh workers
 are judged with their start, which every epoch pays; persistent ones by an epoch that
-started none (spawned or forkserver workers take long to start, once). Not with
-``worker_init_fn`` (it would not run) or ``timeout`` (the main process cannot time itself
-out). A fixed ``num_workers`` gets this comparison too when none of the user's code runs in
-a worker (a TensorDataset of arrays, or a Subset, Concat or Stack of them, with the default
-collate: see :func:`~stoker._dataset.draws_nothing`): where such batches are gathered cannot
-be seen, except in the time they take.
+started none (spawned or forkserver workers take long to start, once). Which loaders may
+make this trial, a fixed ``num_workers`` among them, is one rule:
+:func:`~stoker._policy.may_load_in_process`.
 
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
 delivered in order, whichever worker made it. Every decision is logged (logger

@@ -616,6 +616,7 @@ class DataLoader(Generic[T_co]):
             auto_collation=self._auto_collation,
             skip_errors=bool(self.skip_errors),
             warn_workers=self.num_workers != "auto",
+            tuner=tuner,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -629,17 +630,16 @@ class DataLoader(Generic[T_co]):
                 self._iterator.shutdown()
                 self._iterator = None
             self._draw_iterator_seed()
-            return SingleProcessIterator(self._engine_config(tuner), self._memory, epochs, tuner)
+            return SingleProcessIterator(self._engine_config(tuner), self._memory, epochs)
         from stoker._engine._multi import MultiWorkerIterator
 
         self._check_prefetch_factor()
         if not self.persistent_workers:
             self._draw_iterator_seed()
-            return MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs, tuner)
+            return MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs)
         if self._iterator is None or not self._iterator.alive:
             self._draw_iterator_seed()  # torch draws once for persistent workers
-            config = self._engine_config(tuner)
-            self._iterator = MultiWorkerIterator(config, self._memory, epochs, tuner)
+            self._iterator = MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs)
         else:
             self._iterator.restart()
         return self._iterator

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from stoker._engine._buffers import BufferPool
 
 if TYPE_CHECKING:
+    from stoker._autotune import Autotuner
     from stoker._fetch import IterableFetcher, MapFetcher
     from stoker._state import Epoch
     from stoker._stats import StatsRecorder
@@ -46,6 +47,8 @@ class EngineConfig:
         skip_errors: whether failing samples may be skipped.
         warn_workers: warn when more worker processes are asked for than CPUs (a fixed
             ``num_workers``; autotune starts what the CPUs allow).
+        tuner: the loader's autotuner, or None; it is the loader's, kept across iterators
+            (the count it found is where the next one starts).
     """
 
     make_fetcher: Callable[[], MapFetcher | IterableFetcher]
@@ -65,6 +68,7 @@ class EngineConfig:
     auto_collation: bool
     skip_errors: bool
     warn_workers: bool
+    tuner: Autotuner | None
 
 
 class Epochs(Protocol):
@@ -111,6 +115,11 @@ class EngineMemory:
         self.batch_profile = (0.0, 0.0)
         self.warm: list[tuple[str, Any]] = []
         self._buffers: dict[bool, BufferPool] = {}
+
+    def take_warm(self) -> list[tuple[str, Any]]:
+        """The warm segments, handed to a new pool's workers (and so no longer kept here)."""
+        warm, self.warm = self.warm, []
+        return warm
 
     def buffers(self, keep: int, shared: bool = True) -> BufferPool:
         """The loader's pool of reusable batch memory (made on first use), keeping at least

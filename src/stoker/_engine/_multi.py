@@ -12,12 +12,13 @@ Where the user's code runs in the workers (a dataset or collate function of thei
 ``get_worker_info()`` and ``in_order=False`` make the assignment visible: every worker
 starts at once, tasks go round robin (the next worker in the cycle that still has data;
 with ``in_order=False``, that also has fewer than its share of the window), one per batch
-delivered. Where only stoker's code runs (see :func:`assigns_freely`), stoker assigns them
-its own faster way: fork workers after the first start lazily, a task goes to the worker
-with the fewest in flight, tiny, fast batches count as a fraction of a slot (see
-:func:`~stoker._engine._transport.group_size`) and go to process workers in groups (one
-task, one slot and one message for several batches), and the last batches of an epoch may
-be split across workers (see :mod:`stoker._engine._tail`).
+delivered. Where only stoker's code runs (see :func:`~stoker._policy.assigns_freely`),
+stoker assigns them its own faster way: fork workers after the first start lazily (see
+:func:`~stoker._policy.starts_lazily`), a task goes to the worker with the fewest in
+flight, tiny, fast batches count as a fraction of a slot (see
+:func:`~stoker._policy.group_size`) and go to process workers in groups (one task, one slot
+and one message for several batches), and the last batches of an epoch may be split across
+workers (see :mod:`stoker._engine._tail`).
 
 Every batch of a map-style dataset's epoch ``e`` with index ``k`` is computed under a seed
 mixed from (base seed, e, k), so which worker runs it does not matter (an iterable
@@ -62,7 +63,6 @@ from stoker._stats import StatsRecorder
 from stoker.errors import CollateError, WorkerError
 
 if TYPE_CHECKING:
-    from stoker._autotune import Autotuner
     from stoker._engine._config import EngineConfig, EngineMemory, Epochs
 
 _HEALTH_CHECK_S = 5.0
@@ -95,20 +95,14 @@ class MultiWorkerIterator:
     workers.
     """
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        memory: EngineMemory,
-        epochs: Epochs,
-        tuner: Autotuner | None = None,
-    ) -> None:
+    def __init__(self, config: EngineConfig, memory: EngineMemory, epochs: Epochs) -> None:
         self._created = time.perf_counter()  # the first epoch pays the workers' start
         self._config, self._memory, self._epochs = config, memory, epochs
         if config.warn_workers:
             workers_warning(config.num_workers, config.worker_mode)
         # Autotune (num_workers / prefetch_factor "auto"): the pool is built for the
         # tuner's capacity, and only the first _num_workers workers get tasks.
-        self._tuner = tuner
+        self._tuner = config.tuner
         self._num_workers, self._prefetch = config.num_workers, config.prefetch
         # torch's assignment where the user's code could see it, else stoker's own.
         self._free = assigns_freely(

@@ -257,9 +257,7 @@ class ProcessPool:
         self._phases = _Phases(config.init_fn)
         self._memory_ref = weakref.ref(memory)
         self._warm_cap = n * slots_kept_free(prefetch)  # what persistent workers would keep
-        warm: list[tuple[str, Any]] = []
-        if method == "fork":  # the last pool's segments, faulted in already
-            warm, memory.warm = memory.warm, []
+        warm = memory.take_warm() if method == "fork" else []  # faulted in already
         self._child_ends: list[Any] = []
         self._next_start = 0
         self._start_limit = n  # workers beyond it wait for limit_start (autotune)

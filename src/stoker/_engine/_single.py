@@ -12,7 +12,6 @@ from stoker._random import call_seeded, mix_seed
 from stoker._stats import StatsRecorder
 
 if TYPE_CHECKING:
-    from stoker._autotune import Autotuner
     from stoker._engine._config import EngineConfig, EngineMemory, Epochs
 
 
@@ -33,16 +32,10 @@ class SingleProcessIterator:
     memory that is already mapped instead of faulting in fresh pages.
     """
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        memory: EngineMemory,
-        epochs: Epochs,
-        tuner: Autotuner | None = None,
-    ) -> None:
+    def __init__(self, config: EngineConfig, memory: EngineMemory, epochs: Epochs) -> None:
         self._created = time.perf_counter()  # the sampler's draw counts in the epoch
         self._epochs = epochs
-        self._tuner = tuner  # the autotuner that chose to load in process
+        self._tuner = tuner = config.tuner  # the autotuner that chose to load in process
         self._epoch = epochs.start()
         fetcher = config.make_fetcher()
         self._fetch = fetcher.fetch_skipping
