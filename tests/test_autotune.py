@@ -373,18 +373,18 @@ def test_num_workers_rejects_other_strings() -> None:
 
 def test_memory_budget_follows_the_memory_available(monkeypatch: pytest.MonkeyPatch) -> None:
     """A quarter of the memory available, capped by the cgroup's room, at least 2 GiB."""
-    from stoker import _autotune
+    from stoker import _autotune, _osprobe
 
     gib = 1 << 30
     if os.path.exists("/proc/meminfo"):
-        assert (_autotune._meminfo_available() or 0) > 0  # the parser reads this machine's
-    monkeypatch.setattr(_autotune, "_meminfo_available", lambda: 24 * gib)
-    monkeypatch.setattr(_autotune, "_cgroup_room", lambda: None)
+        assert (_osprobe.memory_available() or 0) > 0  # the parser reads this machine's
+    monkeypatch.setattr(_osprobe, "memory_available", lambda: 24 * gib)
+    monkeypatch.setattr(_osprobe, "cgroup_memory_room", lambda: None)
     assert _autotune.memory_budget() == 6 * gib
-    monkeypatch.setattr(_autotune, "_cgroup_room", lambda: 12 * gib)  # a container's limit
+    monkeypatch.setattr(_osprobe, "cgroup_memory_room", lambda: 12 * gib)  # a container's limit
     assert _autotune.memory_budget() == 3 * gib
-    monkeypatch.setattr(_autotune, "_cgroup_room", lambda: gib)
+    monkeypatch.setattr(_osprobe, "cgroup_memory_room", lambda: gib)
     assert _autotune.memory_budget() == _autotune.MEMORY_BUDGET_BYTES == 2 * gib
-    monkeypatch.setattr(_autotune, "_meminfo_available", lambda: None)
-    monkeypatch.setattr(_autotune, "_cgroup_room", lambda: None)
+    monkeypatch.setattr(_osprobe, "memory_available", lambda: None)
+    monkeypatch.setattr(_osprobe, "cgroup_memory_room", lambda: None)
     assert _autotune.memory_budget() == 2 * gib

@@ -313,7 +313,7 @@ def test_bad_options_are_usage_errors(
 
 def test_default_workers_run_up_to_the_cpu_count() -> None:
     """Without --workers the sweep covers 0 up to the usable CPU count, sorted."""
-    from stoker._engine._multi import available_cpus
+    from stoker._osprobe import available_cpus
 
     args = _parse([])
     _bench._resolve(args, available_cpus())

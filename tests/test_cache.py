@@ -11,6 +11,7 @@ import io
 import multiprocessing
 import os
 import pickle
+import re
 import threading
 import time
 import zlib
@@ -307,14 +308,17 @@ def test_two_workers_hold_one_copy_of_the_cached_bytes() -> None:
 
 
 def test_memory_cache_leaves_nothing_and_counts_in_the_engines_shm_check() -> None:
-    before = _shm.shm_free_bytes()
+    before = _cache.shm_room_bytes()
     assert before is not None
     ds = stoker.cached(Squares(), 64 << 20)
     name = ds._name
     assert os.path.exists(f"/dev/shm/{name}")
     reserved = _cache.shm_reserved_bytes()
     assert reserved > 60 << 20  # sparse: nothing written yet, all of it may still be
-    assert _shm.shm_free_bytes() <= before - 60 * (1 << 20) + (1 << 20)  # type: ignore[operator]
+    room = _cache.shm_room_bytes()
+    assert room is not None and room <= before - 60 * (1 << 20) + (1 << 20)
+    told = re.search(r"([\d,]+) bytes are free", str(_shm._shm_error(1 << 40, 2, 4)))
+    assert told is not None and abs(int(told[1].replace(",", "")) - room) < 1 << 20
     del ds
     assert not os.path.exists(f"/dev/shm/{name}")
     assert _cache.shm_reserved_bytes() == 0

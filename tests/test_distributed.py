@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-import stoker._sampler
 from stoker._distributed import DistributedSampler, ShardedIterable
 from stoker._worker_info import WorkerInfo, set_worker_info
 
@@ -142,16 +141,6 @@ def test_distributed_invalid_rank_type_matches_torch() -> None:
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError):
         torch.utils.data.DistributedSampler(range(4), num_replicas=2, rank=2)
-
-
-def test_distributed_sampler_still_importable_from_sampler_module() -> None:
-    """stoker._sampler.DistributedSampler is the class of stoker._distributed."""
-    assert stoker._sampler.DistributedSampler is DistributedSampler
-    with pytest.raises(AttributeError, match="Nope"):
-        _ = stoker._sampler.Nope
-
-
-# ---------------------------------------------------------------- resume
 
 
 def test_distributed_state_fixes_next_epochs() -> None:

@@ -29,6 +29,7 @@ DOCSTRINGS_ALLOWED = {
     "_distributed.py:DistributedSampler",
     "_distributed.py:ShardedIterable",
     "_engine/_buffers.py:<module>",
+    "_engine/_config.py:EngineConfig",
     "_engine/_multi.py:<module>",
     "_engine/_pin.py:<module>",
     "_engine/_pool.py:<module>",
@@ -41,6 +42,7 @@ DOCSTRINGS_ALLOWED = {
     "_engine/_worker.py:RngGuard",
     "_engine/_worker.py:WorkerArgs",
     "_loader.py:DataLoader",
+    "_policy.py:<module>",
     "_sampler.py:<module>",
     "_sampler.py:WeightedRandomSampler",
 }

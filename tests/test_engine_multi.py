@@ -24,9 +24,9 @@ import pytest
 
 from stoker import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
 from stoker._engine import _multi
-from stoker._engine._multi import typical_load_s
 from stoker._engine._shm import Arena, SegmentMaps, unlink_prefix
-from stoker._engine._transport import decode, encode, group_size
+from stoker._engine._transport import decode, encode
+from stoker._policy import group_size, typical_load_s
 from stoker._random import seed_globals
 
 MODES = [
@@ -383,11 +383,11 @@ def test_groups_of_tiny_batches_match_in_process_loading(kw: dict[str, Any]) -> 
     loader = _grouped({"num_workers": 2, "persistent_workers": True, **kw})
     # Groups of 4 from the first batch: whether this VM loads these batches in under
     # FAST_BATCH_S (which sizes the group) is not what is tested here.
-    loader._task_group = 4
+    loader._memory.task_group = 4
     alone = _grouped({})
     for _ in range(2):
         got, want = list(loader), list(alone)
-        assert loader._task_group == 4
+        assert loader._memory.task_group == 4
         assert len(got) == len(want) == 100
         if kw.get("in_order") is False:
             got.sort(key=lambda b: b[0].tolist())
@@ -429,7 +429,7 @@ def test_a_failing_batch_in_a_group_raises_at_its_turn(kw: dict[str, Any]) -> No
     and indices; the batches around it, in its group too, arrive in order."""
     loader = _grouped({"num_workers": 2, "persistent_workers": True, **kw}, bad=333)
     list(_grouped({"num_workers": 2, **kw}))  # nothing raises without the bad sample
-    loader._task_group = 8  # as an earlier epoch measured it
+    loader._memory.task_group = 8  # as an earlier epoch measured it
     got = _each(loader)
     want = _each(_grouped({}, bad=333))
     assert [b for b in got if not isinstance(b, str)] == [b for b in want if not isinstance(b, str)]
@@ -444,7 +444,7 @@ def test_skipped_samples_in_groups_match_in_process(kw: dict[str, Any]) -> None:
     """skip_errors leaves out the same samples inside groups as in process, and counts
     them (the cap holds)."""
     loader = _grouped({"num_workers": 2, "skip_errors": 1, **kw}, bad=201)
-    loader._task_group = 8
+    loader._memory.task_group = 8
     got = [b[0].tolist() for b in loader]
     want = [b[0].tolist() for b in _grouped({"skip_errors": 1}, bad=201)]
     assert got == want and sum(map(len, got)) == 399
@@ -461,7 +461,7 @@ def test_a_batch_that_cannot_cross_raises_each_time(group: int) -> None:
     """A batch that cannot be pickled raises its TypeError at its turn, alone or in a
     group, and the next batches are tried in turn (each fails the same way here)."""
     loader = DataLoader(_TinyNoisy(40), batch_size=4, num_workers=1, collate_fn=_lock_collate)
-    loader._task_group = group
+    loader._memory.task_group = group
     it = iter(loader)
     assert next(it)[0].tolist() == [0, 1, 2, 3]
     for _ in range(9):
@@ -476,13 +476,13 @@ def test_a_batch_that_cannot_cross_raises_each_time(group: int) -> None:
 def test_resume_inside_a_group(cut: int) -> None:
     """A checkpoint taken between two batches of one group resumes exactly."""
     loader = _grouped({"num_workers": 2})
-    loader._task_group = 8
+    loader._memory.task_group = 8
     it = iter(loader)
     head = [next(it)[0].tolist() for _ in range(cut)]
     state = loader.state_dict()
     del it
     fresh = _grouped({"num_workers": 2})
-    fresh._task_group = 8
+    fresh._memory.task_group = 8
     fresh.load_state_dict(state)
     tail = [b[0].tolist() for b in fresh]
     assert head + tail == [b[0].tolist() for b in _grouped({})]

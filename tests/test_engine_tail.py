@@ -1,7 +1,7 @@
 """The tail of an epoch split across worker processes (``stoker._engine._tail``).
 
 The datasets here wait a few milliseconds per sample, as I/O would: batches must take
-``SPLIT_MIN_S`` or more to be split. Nothing waits to synchronise.
+``TAIL_SPLIT_MIN_S`` or more to be split. Nothing waits to synchronise.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import pytest
 from stoker import DataLoader
 from stoker._collate import collate
 from stoker._engine._buffers import BufferPool
-from stoker._engine._tail import SPLIT_MIN_S, concat, mergeable, plan
+from stoker._engine._tail import concat, mergeable, plan
+from stoker._policy import TAIL_SPLIT_MIN_S
 from stoker.errors import WorkerError
 
 WAIT_S = 0.004
-BATCH = 8  # 8 x 4 ms = 32 ms per batch, above SPLIT_MIN_S
+BATCH = 8  # 8 x 4 ms = 32 ms per batch, above TAIL_SPLIT_MIN_S
 Point = namedtuple("Point", ["xy", "name"])
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker")
 
@@ -61,10 +62,10 @@ def _pids(batches: list[Any]) -> list[int]:
 def test_tail_batches_are_split_and_equal_to_one_process() -> None:
     """With 4 workers and 5 slow batches, the last ones are loaded by several workers and
     the batches equal those of num_workers=0."""
-    assert BATCH * WAIT_S >= SPLIT_MIN_S
+    assert BATCH * WAIT_S >= TAIL_SPLIT_MIN_S
     loader, *got = _epoch(Waits(), 4, persistent_workers=True)
     want = list(DataLoader(Waits(), batch_size=BATCH))
-    assert loader._rng_untouched is True
+    assert loader._memory.rng_untouched is True
     second = got[5:]
     assert max(_pids(second)) >= 2  # some batch came from two processes
     for a, b in zip(second, want, strict=True):
@@ -112,7 +113,7 @@ def test_no_split_when_the_dataset_draws_from_the_global_rng() -> None:
     """A dataset that draws from NumPy's global RNG is never split: its batches are the
     same for any number of workers."""
     loader, *got = _epoch(Waits(draw=True), 4, persistent_workers=True, generator=7)
-    assert loader._rng_untouched is False
+    assert loader._memory.rng_untouched is False
     assert _pids(got) == [1] * len(got)
     one, *want = _epoch(Waits(draw=True), 1, generator=7)
     for a, b in zip(got, want, strict=True):
@@ -130,7 +131,7 @@ def test_split_batch_failure_is_raised_in_order() -> None:
             for batch in loader:
                 got.append(batch)
         assert len(got) == 4
-    assert loader._rng_untouched is True
+    assert loader._memory.rng_untouched is True
     del loader
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import stoker
-from stoker._engine._multi import available_cpus
+from stoker._osprobe import available_cpus
 
 torch = pytest.importorskip("torch")
 tud = torch.utils.data

@@ -27,12 +27,9 @@ by ``_MIN_GAIN``, the next epoch runs in process as a trial; it stays there only
 faster, else the worker count comes back (and another trial may follow after 2, then 4, 8...
 epochs: a trial slowed by a stall of the machine does not decide for good). Fresh workers
 are judged with their start, which every epoch pays; persistent ones by an epoch that
-started none (spawned or forkserver workers take long to start, once). Not with
-``worker_init_fn`` (it would not run) or ``timeout`` (the main process cannot time itself
-out). A fixed ``num_workers`` gets this comparison too when none of the user's code runs in
-a worker (a TensorDataset of arrays, or a Subset, Concat or Stack of them, with the default
-collate: see :func:`~stoker._dataset.draws_nothing`): where such batches are gathered cannot
-be seen, except in the time they take.
+started none (spawned or forkserver workers take long to start, once). Which loaders may
+make this trial, a fixed ``num_workers`` among them, is one rule:
+:func:`~stoker._policy.may_load_in_process`.
 
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
 delivered in order, whichever worker made it. Every decision is logged (logger
@@ -43,16 +40,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from stoker._engine._multi import available_cpus
-from stoker._engine._shm import shm_free_bytes
+from stoker import _osprobe
+from stoker._cache import shm_room_bytes
+from stoker._osprobe import available_cpus, idle_cpus, idle_ticks, tree_cpu_seconds
+from stoker._policy import prefetch_of
 
 if TYPE_CHECKING:
-    from stoker._loader import DataLoader
     from stoker._stats import StatsRecorder
 
 _logger = logging.getLogger(__name__)
@@ -131,7 +127,7 @@ class Autotuner:
         self._rate: float | None = None  # batches/s of the window before the last change
         self._changed = False
         self._mark: tuple[int, float, float, float] = (0, 0.0, 0.0, 0.0)
-        self._idle_mark = _idle_ticks()
+        self._idle_mark = idle_ticks()
         self._batch_bytes = 0
         self._budget = memory_budget()
         self._in_process = in_process  # still a candidate
@@ -140,35 +136,43 @@ class Autotuner:
         self._retry_after = _RETRY_AFTER
 
     @classmethod
-    def for_loader(cls, loader: DataLoader[Any]) -> Autotuner:
-        """The tuner of ``loader``, whose ``num_workers`` and/or ``prefetch_factor`` is "auto"."""
+    def for_settings(
+        cls,
+        num_workers: int | str,
+        prefetch_factor: int | str | None,
+        worker_mode: str,
+        iterable: bool,
+        in_process: bool,
+    ) -> Autotuner:
+        """The tuner of a loader with these settings, whose ``num_workers`` and/or
+        ``prefetch_factor`` is "auto", or whose fixed count may load in process
+        (``in_process``, see :func:`~stoker._policy.may_load_in_process`)."""
         cpus = available_cpus()
-        tune_workers = loader.num_workers == "auto"
-        tune_prefetch = loader.prefetch_factor == "auto"
+        tune_workers = num_workers == "auto"
+        tune_prefetch = prefetch_factor == "auto"
         if tune_workers:
             capacity = min(_MAX_CAPACITY, max(2, _WORKERS_PER_CPU * cpus))
             workers = 1
-            if loader._iterable:
+            if iterable:
                 # An iterable dataset shards itself by worker count: its output would
                 # depend on the count, so the count is fixed from the start.
                 capacity = workers = cpus
                 tune_workers = False
         else:
-            capacity = workers = int(loader.num_workers)
-        prefetch = 2 if tune_prefetch else int(loader.prefetch_factor or 2)
+            capacity = workers = int(num_workers)
         tuner = cls(
             workers,
             capacity,
-            prefetch,
+            prefetch_of(prefetch_factor),
             tune_workers,
             tune_prefetch,
-            shared_memory=loader.worker_mode == "process",
-            in_process=may_load_in_process(loader),
+            shared_memory=worker_mode == "process",
+            in_process=in_process,
         )
-        if loader.num_workers == "auto" and not tune_workers:
+        if num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
         # A fixed count and prefetch: only the end-of-epoch comparison with in process.
-        tuner.settled = loader.num_workers != "auto" and not tune_prefetch
+        tuner.settled = num_workers != "auto" and not tune_prefetch
         return tuner
 
     @property
@@ -208,8 +212,8 @@ class Autotuner:
             return KEEP
         rate = (rec.batches - batches) / dt
         waited = (rec.wait - wait0) / dt
-        cpu_used = (_tree_cpu_seconds(pids) - cpu0) / dt
-        idle_cpus = _idle_cpus(self._idle_mark, _idle_ticks())
+        cpu_used = (tree_cpu_seconds(pids) - cpu0) / dt
+        idle = idle_cpus(self._idle_mark, idle_ticks())
         self._batch_bytes = max(self._batch_bytes, rec.bytes // max(1, rec.batches))
         if self._changed and self._rate is not None and rate < self._rate * (1 + _MIN_GAIN):
             return self._settle(
@@ -222,7 +226,7 @@ class Autotuner:
                 f"{waited:.0%} of the time ({rate:.3g} batches/s)"
             )
         self._rate = rate
-        more, why_not = self._room(cpu_used, waited, idle_cpus)
+        more, why_not = self._room(cpu_used, waited, idle)
         if more > 0:
             self.workers += more
             self._changed = True
@@ -303,8 +307,8 @@ class Autotuner:
             self._mark = (-1, 0.0, 0.0, 0.0)  # re-opened at the first batch after the skip
             self._due = rec.batches + skip
             return
-        self._mark = (rec.batches, rec.last, rec.wait, _tree_cpu_seconds(pids))
-        self._idle_mark = _idle_ticks()
+        self._mark = (rec.batches, rec.last, rec.wait, tree_cpu_seconds(pids))
+        self._idle_mark = idle_ticks()
         self._due = rec.batches + max(_MIN_WINDOW_BATCHES, self.workers)
 
     def _settle(self, text: str) -> int:
@@ -342,24 +346,13 @@ class Autotuner:
         if need > self._budget:
             return False
         if self.shared_memory:
-            free = shm_free_bytes()
+            free = shm_room_bytes()
             if free is not None and (need - self._in_use()) > free // 2:
                 return False
         return True
 
     def _in_use(self) -> int:
         return self.workers * (self.prefetch + 1) * self._batch_bytes
-
-
-def may_load_in_process(loader: DataLoader[Any]) -> bool:
-    """Whether loading in process may stand in for ``loader``'s workers (module docstring):
-    with ``num_workers="auto"``, or a fixed count where only stoker's code would run in them
-    (a fetcher that surely draws nothing runs none of the user's); never for an iterable
-    dataset (it shards itself by worker count), with ``worker_init_fn`` (it would not run)
-    or ``timeout`` (the main process cannot time itself out)."""
-    if loader._iterable or loader.worker_init_fn is not None or float(loader.timeout):
-        return False
-    return loader.num_workers == "auto" or not loader._make_fetcher().draws
 
 
 def memory_budget() -> int:
@@ -371,72 +364,10 @@ def memory_budget() -> int:
     :data:`MEMORY_BUDGET_BYTES`. The autotuner adds no worker beyond it, nor beyond half of
     /dev/shm's free space (process workers). Fixed counts are not limited by it.
     """
-    available = _meminfo_available()
-    room = _cgroup_room()
+    available = _osprobe.memory_available()
+    room = _osprobe.cgroup_memory_room()
     if room is not None:
         available = room if available is None else min(available, room)
     if available is None:
         return MEMORY_BUDGET_BYTES
     return max(MEMORY_BUDGET_BYTES, int(available * MEMORY_BUDGET_SHARE))
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _cgroup_room() -> int | None:
-    """Bytes this cgroup (v2) may still take, or None without a limit."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        if limit == "max":
-            return None
-        with open("/sys/fs/cgroup/memory.current") as f:
-            return max(0, int(limit) - int(f.read()))
-    except (OSError, ValueError):
-        return None
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _idle_ticks() -> tuple[int, int] | None:
-    """(idle, total) clock ticks of all CPUs from /proc/stat, or None where it is missing."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields[:8])
-
-
-def _idle_cpus(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    """CPUs the whole machine left idle between two :func:`_idle_ticks` readings.
-
-    >>> _idle_cpus((0, 0), (50, 100)) == 0.5 * (os.cpu_count() or 1)
-    True
-    """
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    share = (after[0] - before[0]) / (after[1] - before[1])
-    return share * (os.cpu_count() or 1)
-
-
-def _tree_cpu_seconds(pids: list[int]) -> float:
-    """CPU seconds used so far by this process (all its threads) and by ``pids``."""
-    total = time.process_time()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-        except (OSError, IndexError, ValueError):
-            pass
-    return total

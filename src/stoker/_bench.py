@@ -27,8 +27,8 @@ from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from stoker import _torch
-from stoker._cli import error, number
+from stoker import _command, _torch
+from stoker._command import error, number
 
 _PIN_NO_TORCH = "torch is not installed, so the pin_memory x non_blocking comparison is skipped."
 _PIN_NO_ACCELERATOR = (
@@ -715,7 +715,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         args: the namespace of the ``bench`` parser.
         out: where the report goes (default: stdout); progress goes to stderr.
     """
-    from stoker._engine._multi import available_cpus
+    from stoker._osprobe import available_cpus
 
     out = out if out is not None else sys.stdout
     cpus = available_cpus()
@@ -834,9 +834,10 @@ def _write_results(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``bench`` on its own, as ``stoker bench`` does: ``python -m stoker._bench [options]``."""
-    from stoker._cli import main as stoker_main
-
-    return stoker_main(["bench", *(sys.argv[1:] if argv is None else argv)])
+    args = _command.parser([add_subcommand]).parse_args(
+        ["bench", *(sys.argv[1:] if argv is None else argv)]
+    )
+    return _command.run(args, run)
 
 
 if __name__ == "__main__":

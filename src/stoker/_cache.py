@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stoker import _osprobe
 from stoker._worker_info import get_worker_info
 
 if TYPE_CHECKING:
@@ -243,6 +244,13 @@ def shm_reserved_bytes() -> int:
         if store.owner == os.getpid() and not store.closed:
             total += max(0, store.size - store.touched())
     return total
+
+
+def shm_room_bytes() -> int | None:
+    """Bytes free in /dev/shm for new segments (None without it): the free space less what
+    this process's shared-memory caches may still write there."""
+    free = _osprobe.shm_free_bytes()
+    return None if free is None else max(0, free - shm_reserved_bytes())
 
 
 class _Store:

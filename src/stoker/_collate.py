@@ -568,9 +568,7 @@ def _reraise(exc: BaseException, where: str) -> NoReturn:
     """Raise ``exc`` again with ``where`` in its message, keeping its type."""
     if type(exc) in (TypeError, ValueError, RuntimeError, KeyError, IndexError):
         raise type(exc)(f"{where}: {exc}") from exc
-    add_note = getattr(exc, "add_note", None)  # Python >= 3.11
-    if add_note is not None:
-        add_note(f"while collating {where}")
+    exc.add_note(f"while collating {where}")
     raise exc
 
 

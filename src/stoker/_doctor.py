@@ -21,7 +21,13 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker._engine._multi import _cgroup_quota, available_cpus
+from stoker._osprobe import (
+    available_cpus,
+    cgroup_cpu_quota,
+    cgroup_memory_limit,
+    meminfo,
+    shm_space,
+)
 
 WINDOW_WORKERS, WINDOW_PREFETCH = 2, 2
 WINDOW_BATCH = (64, 3, 224, 224)
@@ -188,7 +194,7 @@ def _cpus(report: Report) -> None:
         report.line(s, "affinity mask", f"{len(os.sched_getaffinity(0))} CPUs")
     except (AttributeError, OSError):
         report.line(s, "affinity mask", "not reported on this platform")
-    quota = _cgroup_quota()
+    quota = cgroup_cpu_quota()
     report.line(s, "cgroup quota", "none" if quota is None else f"{quota:g} CPUs")
     usable = available_cpus()
     report.line(s, "usable", f"{usable} (what num_workers='auto' and the warnings count)")
@@ -201,10 +207,10 @@ def _cpus(report: Report) -> None:
 
 def _memory(report: Report) -> None:
     s = "Memory"
-    info = _meminfo()
+    info = meminfo()
     for key, label in (("MemTotal", "total"), ("MemAvailable", "available")):
         report.line(s, label, _size(info[key]) if key in info else "not reported")
-    limit = _cgroup_memory_limit()
+    limit = cgroup_memory_limit()
     report.line(s, "cgroup limit", "none" if limit is None else _size(limit))
 
 
@@ -215,16 +221,15 @@ def _shm(report: Report) -> None:
         f"{'x'.join(map(str, WINDOW_BATCH))} float32 = {_size(WINDOW_BYTES)}"
     )
     report.line(s, "typical window", window)
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError as exc:
-        report.line(s, "/dev/shm", f"not available ({exc.strerror})")
+    space = shm_space()
+    if isinstance(space, OSError):
+        report.line(s, "/dev/shm", f"not available ({space.strerror})")
         report.advice.append(
             "no /dev/shm: worker processes cannot share batches; use worker_mode='thread' "
             "or num_workers=0"
         )
         return
-    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    size, free = space
     report.line(s, "/dev/shm size", _size(size))
     report.line(s, "/dev/shm free", f"{_size(free)} ({free / WINDOW_BYTES:.1f} windows)")
     if free < WINDOW_BYTES:
@@ -267,35 +272,6 @@ def _instruction_set(native: Any) -> str | None:
     """The resampler kernel the extension chose at run time (``"avx2"`` or ``"c"``)."""
     kernel = getattr(native, "RESAMPLE_KERNEL", None)
     return str(kernel) if kernel else None
-
-
-def _meminfo() -> dict[str, int]:
-    """``/proc/meminfo`` in bytes (empty where there is none)."""
-    out: dict[str, int] = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for row in f:
-                key, _, rest = row.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    out[key] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    except OSError:
-        pass
-    return out
-
-
-def _cgroup_memory_limit() -> int | None:
-    """The cgroup's memory limit in bytes (v2, else v1), or None when unlimited or unknown."""
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 1 << 60:  # v1 writes a huge number for "none"
-            return int(text)
-        return None
-    return None
 
 
 def _size(nbytes: float) -> str:

@@ -6,6 +6,7 @@ process when ``num_workers == 0`` and by workers otherwise.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import multiprocessing
@@ -19,8 +20,10 @@ import numpy as np
 from stoker import _cache, _random
 from stoker._collate import DefaultCollate, check_tensor_type
 from stoker._dataset import is_iterable_dataset
+from stoker._engine._config import EngineConfig, EngineMemory
 from stoker._engine._pin import pin_device
 from stoker._fetch import IterableFetcher, MapFetcher
+from stoker._policy import DEFAULT_PREFETCH, may_load_in_process, prefetch_of
 from stoker._sampler import (
     BatchSampler,
     RandomSampler,
@@ -30,11 +33,12 @@ from stoker._sampler import (
     check_sampler_state,
 )
 from stoker._state import STATE_VERSION, Epoch, check_state
-from stoker._stats import LoaderStatistics, StatsRecorder, empty
+from stoker._stats import LoaderStatistics, empty
 from stoker.errors import ArgumentError
 
 if TYPE_CHECKING:
     from stoker._autotune import Autotuner
+    from stoker._engine._multi import MultiWorkerIterator
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -158,7 +162,7 @@ class DataLoader(Generic[T_co]):
                 f"to None (got prefetch_factor={prefetch_factor!r})."
             )
         if num_workers != 0 and prefetch_factor is None:
-            prefetch_factor = 2
+            prefetch_factor = DEFAULT_PREFETCH
         if isinstance(prefetch_factor, str) and prefetch_factor != "auto":
             raise TypeError(  # torch fails comparing the string with 0
                 f"prefetch_factor must be a positive int or 'auto', got {prefetch_factor!r}."
@@ -259,7 +263,7 @@ class DataLoader(Generic[T_co]):
         self.persistent_workers = persistent_workers
         self.multiprocessing_context = multiprocessing_context
         self._iterable_len_reported: int | None = None
-        self._iterator: Any = None
+        self._iterator: MultiWorkerIterator | None = None
         self._pin_device: str | None = None
         self._pin_checked = False
         self._base_seed: int | None = None
@@ -268,12 +272,7 @@ class DataLoader(Generic[T_co]):
         self._resume: dict[str, Any] | None = None
         self._tuner: Autotuner | None = None
         self._tuner_key: tuple[Any, ...] = ()
-        self._stats: StatsRecorder | None = None
-        self._first_batch_s = 0.0  # the last epoch's wait for its first batch (lazy start)
-        self._task_group = 0  # tiny batches in flight per prefetch slot, once measured
-        self._rng_untouched: bool | None = None  # whether slow batches leave the RNGs alone
-        self._mergeable: bool | None = None  # whether split batches can be joined
-        self._batch_profile = (0.0, 0.0)  # the last epoch's mean load seconds and bytes
+        self._memory = EngineMemory()  # what the engine keeps from one iterator to the next
         self.__initialized = True
 
     # -- attributes with rules ---------------------------------------------------------
@@ -328,18 +327,20 @@ class DataLoader(Generic[T_co]):
     def _index_sampler(self) -> Any:
         return self.batch_sampler if self._auto_collation else self.sampler
 
-    def _make_fetcher(self) -> MapFetcher | IterableFetcher:
-        """A fresh fetcher for one iterator (in the main process or a worker)."""
+    def _fetcher_factory(self) -> Callable[[], MapFetcher | IterableFetcher]:
+        """Makes a fresh fetcher for one iterator (in the main process or a worker); holds
+        the loader's settings, not the loader."""
         if self._iterable:
-            return IterableFetcher(
+            return functools.partial(
+                IterableFetcher,
                 self.dataset,
                 self._auto_collation,
                 self.collate_fn,
                 self.drop_last,
                 self.batch_size,
             )
-        return MapFetcher(
-            self.dataset, self._auto_collation, self.collate_fn, bool(self.skip_errors)
+        return functools.partial(
+            MapFetcher, self.dataset, self._auto_collation, self.collate_fn, bool(self.skip_errors)
         )
 
     def _skip_cap(self) -> int:
@@ -398,10 +399,15 @@ class DataLoader(Generic[T_co]):
         if self._base_seed is None:
             self._base_seed = seed
 
+    def _next_number(self) -> int:
+        """The number of the epoch :meth:`_start_epoch` begins next."""
+        return self._resume["epoch"] if self._resume is not None else self._next_epoch
+
     def _start_epoch(self) -> Epoch:
-        """Begin the next epoch (or the one a loaded state resumes); called by iterators."""
+        """Begin the next epoch (or the one a loaded state resumes); iterators call it
+        through :class:`_Epochs`."""
+        number = self._next_number()
         resume, self._resume = self._resume, None
-        number = resume["epoch"] if resume is not None else self._next_epoch
         self._next_epoch = number + 1
         seed = self._seed()
         # The state that draws this epoch again: read after the draw from stoker's
@@ -547,11 +553,12 @@ class DataLoader(Generic[T_co]):
 
         Counting is always on and costs one clock read and a few additions per batch.
         """
-        if self._stats is None:
-            stats = empty(tuple(self._tuner.decisions) if self._tuner is not None else ())
+        stats = self._memory.stats
+        if stats is None:
+            snapshot = empty(tuple(self._tuner.decisions) if self._tuner is not None else ())
         else:
-            stats = self._stats.snapshot()
-        return _cache.with_cache(stats, self.dataset)
+            snapshot = stats.snapshot()
+        return _cache.with_cache(snapshot, self.dataset)
 
     def _autotuner(self) -> Autotuner | None:
         """The loader's autotuner: when ``num_workers`` or ``prefetch_factor`` is "auto", or
@@ -571,42 +578,73 @@ class DataLoader(Generic[T_co]):
         self._tuner_key = key
         self._tuner = None
         if self.num_workers != 0:  # a loader without workers never imports the tuner
-            from stoker._autotune import Autotuner, may_load_in_process
+            from stoker._autotune import Autotuner
 
             auto = self.num_workers == "auto" or self.prefetch_factor == "auto"
-            if auto or may_load_in_process(self):
-                self._tuner = Autotuner.for_loader(self)
+            in_process = may_load_in_process(
+                self.num_workers,
+                self._iterable,
+                self.worker_init_fn,
+                self.timeout,
+                self._fetcher_factory()().draws,
+            )
+            if auto or in_process:
+                self._tuner = Autotuner.for_settings(
+                    self.num_workers,
+                    self.prefetch_factor,
+                    self.worker_mode,
+                    self._iterable,
+                    in_process,
+                )
         return self._tuner
 
-    def _pool_workers(self) -> int:
-        """How many workers a pool is built with (with autotune: the most it may use)."""
-        tuner = self._autotuner()
-        return tuner.capacity if tuner is not None else int(self.num_workers)
+    def _engine_config(self, tuner: Autotuner | None) -> EngineConfig:
+        """This loader's settings, resolved, for one iterator and its pool."""
+        return EngineConfig(
+            make_fetcher=self._fetcher_factory(),
+            dataset=self.dataset,
+            collate_fn=self.collate_fn,
+            num_workers=tuner.workers if tuner is not None else int(self.num_workers),
+            capacity=tuner.capacity if tuner is not None else int(self.num_workers),
+            prefetch=tuner.prefetch if tuner is not None else prefetch_of(self.prefetch_factor),
+            worker_mode=self.worker_mode,
+            context=self.multiprocessing_context,
+            timeout=float(self.timeout),
+            init_fn=self.worker_init_fn,
+            in_order=bool(self.in_order),
+            pin_device=self._resolved_pin_device(),
+            persistent=bool(self.persistent_workers),
+            iterable=self._iterable,
+            auto_collation=self._auto_collation,
+            skip_errors=bool(self.skip_errors),
+            warn_workers=self.num_workers != "auto",
+            tuner=tuner,
+        )
 
     def __iter__(self) -> Iterator[Any]:
         tuner = self._autotuner()
+        epochs = _Epochs(self)
         if self.num_workers == 0 or (tuner is not None and tuner.workers == 0):
             from stoker._engine._single import SingleProcessIterator
 
             # Autotune moved to in process: persistent workers go once the trial is won.
             if self._iterator is not None and not (tuner and tuner.trying_in_process):
-                self._iterator._finalizer()
+                self._iterator.shutdown()
                 self._iterator = None
             self._draw_iterator_seed()
-            return SingleProcessIterator(self, tuner)
+            return SingleProcessIterator(self._engine_config(tuner), self._memory, epochs)
         from stoker._engine._multi import MultiWorkerIterator
 
         self._check_prefetch_factor()
         if not self.persistent_workers:
             self._draw_iterator_seed()
-            return MultiWorkerIterator(self)
-        if self._iterator is None or not self._iterator._alive:
+            return MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs)
+        if self._iterator is None or not self._iterator.alive:
             self._draw_iterator_seed()  # torch draws once for persistent workers
-            self._iterator = MultiWorkerIterator(self)
+            self._iterator = MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs)
         else:
-            self._iterator._reset()
-        it: MultiWorkerIterator = self._iterator
-        return it
+            self._iterator.restart()
+        return self._iterator
 
     def _check_prefetch_factor(self) -> None:
         """Refuse a ``prefetch_factor`` of 0 or a non-integer when workers start, where
@@ -679,3 +717,26 @@ def _check_num_workers(num_workers: object) -> None:
             "num_workers option should be non-negative; use num_workers=0 to disable "
             f"multiprocessing (got num_workers={num_workers}), or 'auto' to let stoker choose."
         )
+
+
+class _Epochs:
+    """A loader's side of :class:`~stoker._engine._config.Epochs`: how its iterators begin
+    its epochs and report what the user saw."""
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self._loader = loader
+
+    def start(self) -> Epoch:
+        return self._loader._start_epoch()
+
+    def next_number(self) -> int:
+        return self._loader._next_number()
+
+    def base_seed(self) -> int:
+        return self._loader._seed()
+
+    def length(self) -> int:
+        return len(self._loader)
+
+    def delivered(self, yielded: int) -> None:
+        self._loader._warn_if_iterable_overran(yielded)

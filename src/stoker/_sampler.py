@@ -909,12 +909,3 @@ def check_sampler_state(sampler: object, state: Mapping[str, Any]) -> None:
         check_state(state, sampler, ())
     elif type(sampler).__module__.startswith("stoker.") and isinstance(state, Mapping):
         check_state(state, sampler, tuple(k for k in state if k != "kind"))
-
-
-def __getattr__(name: str) -> Any:
-    """``DistributedSampler``, which now lives in ``stoker._distributed`` (lazy: no cycle)."""
-    if name == "DistributedSampler":
-        from stoker._distributed import DistributedSampler
-
-        return DistributedSampler
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,8 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from stoker._policy import INDICES_SHOWN
+
 _logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
@@ -39,7 +41,6 @@ _KEYS = (
 _CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last")
 """Keys absent from older states: whether it was saved within an epoch (whose iterator
 had made its draws), and what describes the loader that saved it."""
-_INDICES_SHOWN = 8
 
 
 class Epoch:
@@ -119,7 +120,7 @@ class Epoch:
         self.skipped += len(failed)
         if not self._first_error:
             self._first_error = error
-        self._failed.extend(failed[: _INDICES_SHOWN - len(self._failed)])
+        self._failed.extend(failed[: INDICES_SHOWN - len(self._failed)])
         _logger.warning(
             "DataLoader skipped %d sample(s) of batch %d of epoch %d that failed to load%s: "
             "indices %s; first error: %s (%d skipped this epoch, at most %d allowed).",
@@ -127,7 +128,7 @@ class Epoch:
             k,
             self.number,
             " (the whole batch is dropped)" if dropped else "",
-            failed[:_INDICES_SHOWN],
+            failed[:INDICES_SHOWN],
             error,
             self.skipped,
             self.skip_cap,

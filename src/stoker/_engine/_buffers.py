@@ -6,8 +6,9 @@ array costs page faults on every use (about 1 ms per MiB on a busy VM, far more 
 copy into it). :class:`BufferPool` gives the thread workers the same reuse: stoker's
 collate writes each large leaf into a buffer of the pool, handed out through a one-off
 exporter object; when the last view of that leaf dies, the exporter's finalizer puts the
-buffer back. A pool belongs to a loader and lives as long as it, so each epoch's new
-threads start with the memory the last epoch used. Worker processes' split batches are
+buffer back. A pool belongs to a loader (its :class:`~stoker._engine._config.EngineMemory`)
+and lives as long as it, so each epoch's new threads start with the memory the last epoch
+used. Worker processes' split batches are
 joined into a loader's pool too (:mod:`stoker._engine._tail`). In-process loading
 (:mod:`stoker._engine._single`) keeps a pool of private memory of its own: nothing is forked
 while it loads, and fresh private pages come in huge pages where shared ones do not.
@@ -28,22 +29,6 @@ from stoker._engine._interrupts import deferred
 
 MIN_BYTES = 1 << 20
 """Smaller leaves are allocated as usual: they cost less to make than to track."""
-
-_POOLS: dict[bool, weakref.WeakKeyDictionary[Any, BufferPool]] = {
-    True: weakref.WeakKeyDictionary(),
-    False: weakref.WeakKeyDictionary(),
-}
-
-
-def for_loader(loader: Any, keep: int, shared: bool = True) -> BufferPool:
-    """The loader's pool (made on first use, dropped with the loader), keeping at least
-    ``keep`` free buffers; ``shared=False`` gives its pool of private memory."""
-    pools = _POOLS[shared]
-    pool = pools.get(loader)
-    if pool is None:
-        pool = pools[loader] = BufferPool(keep, shared)
-    pool.keep = max(pool.keep, keep)
-    return pool
 
 
 class BufferPool:

@@ -12,12 +12,13 @@ Where the user's code runs in the workers (a dataset or collate function of thei
 ``get_worker_info()`` and ``in_order=False`` make the assignment visible: every worker
 starts at once, tasks go round robin (the next worker in the cycle that still has data;
 with ``in_order=False``, that also has fewer than its share of the window), one per batch
-delivered. Where only stoker's code runs (see :func:`assigns_freely`), stoker assigns them
-its own faster way: fork workers after the first start lazily, a task goes to the worker
-with the fewest in flight, tiny, fast batches count as a fraction of a slot (see
-:func:`~stoker._engine._transport.group_size`) and go to process workers in groups (one
-task, one slot and one message for several batches), and the last batches of an epoch may
-be split across workers (see :mod:`stoker._engine._tail`).
+delivered. Where only stoker's code runs (see :func:`~stoker._policy.assigns_freely`),
+stoker assigns them its own faster way: fork workers after the first start lazily (see
+:func:`~stoker._policy.starts_lazily`), a task goes to the worker with the fewest in
+flight, tiny, fast batches count as a fraction of a slot (see
+:func:`~stoker._policy.group_size`) and go to process workers in groups (one task, one slot
+and one message for several batches), and the last batches of an epoch may be split across
+workers (see :mod:`stoker._engine._tail`).
 
 Every batch of a map-style dataset's epoch ``e`` with index ``k`` is computed under a seed
 mixed from (base seed, e, k), so which worker runs it does not matter (an iterable
@@ -28,13 +29,11 @@ epoch (unless ``persistent_workers``), on garbage collection, on interpreter exi
 before any fatal error is raised.
 
 Also here: :func:`workers_warning`, torch's warning when more workers are asked for than
-CPUs are available, counting CPUs from the affinity mask and the cgroup quota.
+CPUs are available (counted by :func:`stoker._osprobe.available_cpus`).
 """
 
 from __future__ import annotations
 
-import math
-import os
 import time
 import warnings
 import weakref
@@ -42,36 +41,35 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stoker._collate import DefaultCollate
-from stoker._dataset import draws_nothing
-from stoker._engine._buffers import for_loader
 from stoker._engine._interrupts import raise_pending
 from stoker._engine._pin import pin, slot_pins
 from stoker._engine._pool import ProcessPool, ThreadPool
-from stoker._engine._tail import concat, mergeable, plan, worth_splitting
-from stoker._engine._transport import RemoteError, group_size
+from stoker._engine._tail import concat, mergeable, plan
+from stoker._engine._transport import RemoteError
 from stoker._engine._worker import worker_seed
+from stoker._osprobe import available_cpus
+from stoker._policy import (
+    GROUP_AFTER,
+    JOIN_BUFFERS,
+    LAZY_START_S,
+    assigns_freely,
+    group_size,
+    starts_lazily,
+    typical_load_s,
+    worth_splitting,
+)
 from stoker._random import mix_seed
 from stoker._stats import StatsRecorder
 from stoker.errors import CollateError, WorkerError
 
 if TYPE_CHECKING:
-    from stoker._loader import DataLoader
+    from stoker._engine._config import EngineConfig, EngineMemory, Epochs
 
 _HEALTH_CHECK_S = 5.0
 """Longest single wait for a result; deaths are seen at once, this only bounds the call."""
-_LAZY_START_S = 0.02
-"""Fork workers beyond the first start after the first batch, or after this long without
-one: a fast first batch does not wait for the other forks, a slow one barely delays them."""
-_EAGER_AFTER_S = 0.01
-"""A first batch slower than this (a fork or two) in a loader's last epoch: start all its
-workers at once in the next one."""
-_GROUP_AFTER = 8
-"""Batches delivered before the group is sized (the first ones pay for warm-up)."""
 _START_TIMEOUT_S = 120.0
 """``timeout`` counts from a worker's start-up; before it, start-up (spawn imports) may take
 this long."""
-_JOIN_BUFFERS = 2
-"""Memory for joined batches a loader keeps: the one the loop holds and the next."""
 
 
 class _Skip:
@@ -93,92 +91,88 @@ class MultiWorkerIterator:
     """One epoch (or, with ``persistent_workers``, every epoch) of a loader with workers.
 
     Created by ``DataLoader.__iter__`` in the thread that iterates; ``__next__`` must be
-    called from one thread at a time. ``_reset`` starts the next epoch on the same workers.
+    called from one thread at a time. :meth:`restart` starts the next epoch on the same
+    workers.
     """
 
-    def __init__(self, loader: DataLoader[Any]) -> None:
+    def __init__(self, config: EngineConfig, memory: EngineMemory, epochs: Epochs) -> None:
         self._created = time.perf_counter()  # the first epoch pays the workers' start
-        self._loader = loader
-        if loader.num_workers != "auto":  # which starts what the CPUs allow
-            workers_warning(int(loader.num_workers), loader.worker_mode)
+        self._config, self._memory, self._epochs = config, memory, epochs
+        if config.warn_workers:
+            workers_warning(config.num_workers, config.worker_mode)
         # Autotune (num_workers / prefetch_factor "auto"): the pool is built for the
         # tuner's capacity, and only the first _num_workers workers get tasks.
-        self._tuner = loader._autotuner()
-        capacity = loader._pool_workers()
-        if self._tuner is not None:
-            self._num_workers, self._prefetch = self._tuner.workers, self._tuner.prefetch
-        else:
-            self._num_workers = int(loader.num_workers)
-            self._prefetch = max(1, int(loader.prefetch_factor or 2))
+        self._tuner = config.tuner
+        self._num_workers, self._prefetch = config.num_workers, config.prefetch
         # torch's assignment where the user's code could see it, else stoker's own.
-        self._free = assigns_freely(loader)
-        # Batches per prefetch slot; 0 until _GROUP_AFTER are measured (in an earlier epoch).
-        self._group = loader._task_group if self._free else 1
+        self._free = assigns_freely(
+            config.dataset, config.collate_fn, config.iterable, config.init_fn
+        )
+        # Batches per prefetch slot; 0 until GROUP_AFTER are measured (in an earlier epoch).
+        self._group = memory.task_group if self._free else 1
         # Process workers get a group's batches as one task, answered in one slot.
-        self._group_tasks = loader.worker_mode == "process" and not loader._iterable
-        self._in_order = bool(loader.in_order)
-        self._iterable = bool(loader._iterable)
+        self._group_tasks = config.worker_mode == "process" and not config.iterable
+        self._in_order = config.in_order
+        self._iterable = config.iterable
         # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning
-        self._step = getattr(loader.dataset, "main_process_step", None)
+        self._step = getattr(config.dataset, "main_process_step", None)
         # The tail of an epoch may be split across processes (see stoker._engine._tail);
         # not batches shaped for a dataset's step (their columns need not join).
-        self._can_split = (
-            self._free
-            and loader.worker_mode == "process"
-            and not self._iterable
-            and loader._auto_collation
-            and isinstance(loader.collate_fn, DefaultCollate)
-            and not loader.skip_errors
-            and self._step is None
-        )
+        self._can_split = self._free and self._step is None and _splittable(config)
         self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches
         self._first_loads: list[float] = []  # of the first ones, to size the group
-        self._persistent = bool(loader.persistent_workers)
-        self._timeout = float(loader.timeout)
-        pin_device = loader._resolved_pin_device()
+        self._persistent = config.persistent
+        self._timeout = config.timeout
         # Workers start seeded from base + id, as in torch (an iterable dataset's base is
         # the epoch's: see worker_seed).
-        resume = loader._resume
-        epoch = resume["epoch"] if resume is not None else loader._next_epoch
-        seeds = self._worker_seeds(epoch, capacity)
-        pool: ProcessPool | ThreadPool
-        if loader.worker_mode == "thread":
-            pool = ThreadPool(loader, seeds, self._prefetch, pin_device)
-            self._pin_device = None  # threads pin their own batches
-        else:
-            pool = ProcessPool(loader, seeds, self._prefetch)
-            self._pin_device = pin_device
-            pins = slot_pins(pin_device)  # one copy: the slots themselves are pinned
-            for w in pool.workers:
-                w.maps.pins = pins
-        self._pool = pool
-        self._started = [False] * capacity
+        pool = self._pool = self._make_pool(epochs.next_number())
+        self._started = [False] * config.capacity
         self._finalizer = weakref.finalize(self, pool.shutdown)
         self._generation = 0
         pool.limit_start(self._num_workers)
-        # Lazy start pays off when the first batch comes sooner than the other forks would
-        # take; a loader whose last epoch waited longer for it starts every worker at once,
-        # as does one whose workers run the user's code (they may wait for each other).
-        lazy = self._free and pool.lazy_start and loader._first_batch_s < _EAGER_AFTER_S
-        self._lazy = lazy
+        # Lazy start pays off when the first batch comes sooner than the other forks take.
+        self._lazy = starts_lazily(self._free, pool.lazy_start, memory.first_batch_s)
         try:
             pool.start(1)  # first: it starts up while the sampler draws
             self._reset()  # queues the first tasks: a worker not started gets them as it starts
-            if not lazy:
+            if not self._lazy:
                 pool.start()  # each one busy with its tasks while the next one forks
         except BaseException:  # Ctrl-C, a sampler that raises: no worker outlives iter()
             self._finalizer()
             raise
 
+    def _make_pool(self, epoch: int) -> ProcessPool | ThreadPool:
+        """The pool of ``config.capacity`` workers, seeded for ``epoch``."""
+        config = self._config
+        seeds = self._worker_seeds(epoch, config.capacity)
+        if config.worker_mode == "thread":
+            self._pin_device = None  # threads pin their own batches
+            return ThreadPool(config, self._memory, seeds)
+        pool = ProcessPool(config, self._memory, seeds)
+        self._pin_device = config.pin_device
+        pins = slot_pins(config.pin_device)  # one copy: the slots themselves are pinned
+        for w in pool.workers:
+            w.maps.pins = pins
+        return pool
+
     # -- epochs ------------------------------------------------------------------------
 
     @property
-    def _alive(self) -> bool:
+    def alive(self) -> bool:
+        """Whether the workers can still serve epochs (persistent workers are reused)."""
         return self._pool.alive
+
+    def restart(self) -> None:
+        """Start the next epoch on the same (persistent) workers."""
+        self._reset()
+
+    def shutdown(self) -> None:
+        """Stop the workers now (also done on garbage collection and at the epoch's end
+        without ``persistent_workers``)."""
+        self._finalizer()
 
     def _reset(self) -> None:
         """Start an epoch: fresh tasks and seed, results of an unfinished one discarded."""
-        loader = self._loader
         if self._generation:
             self._pool.new_epoch()  # persistent workers start another epoch
         self._generation += 1
@@ -186,7 +180,7 @@ class MultiWorkerIterator:
         # sampler's draw, as SingleProcessIterator's does.
         self._drawing = time.perf_counter()
         # The loader numbers the epoch's tasks (k) and records deliveries for state_dict.
-        self._epoch_state = loader._start_epoch()
+        self._epoch_state = self._epochs.start()
         self._seed = self._epoch_state.seed
         self._epoch = self._epoch_state.number
         self._tasks = self._epoch_state.tasks
@@ -213,17 +207,17 @@ class MultiWorkerIterator:
         # Worker processes running before this epoch: one that starts more (the first, or
         # one where autotune adds some) is no measure of the next (see __next__).
         self._started_before = 0 if self._generation == 1 else len(self._pool.started_pids())
-        self._stats = StatsRecorder(len(self._started), loader._auto_collation, self._gauges)
+        self._stats = StatsRecorder(len(self._started), self._config.auto_collation, self._gauges)
         self._stats.workers, self._stats.prefetch = self._num_workers, self._prefetch
         if self._tuner is not None:
             self._stats.decisions = self._tuner.decisions
             self._tuner.begin(self._stats)
-        loader._stats = self._stats
+        self._memory.stats = self._stats
         self._refill()
 
     def _worker_seeds(self, epoch: int, count: int) -> list[int]:
         """Each worker's seed in ``epoch`` (see :func:`~stoker._engine._worker.worker_seed`)."""
-        base = self._loader._seed()
+        base = self._epochs.base_seed()
         return [worker_seed(base, epoch, wid, self._iterable) for wid in range(count)]
 
     def _judged_by_this_epoch(self) -> bool:
@@ -237,7 +231,7 @@ class MultiWorkerIterator:
         three), when only stoker's code loads it (nothing runs that could be seen, nothing
         is drawn); else None. Workers' time per batch overstates it: they share the cores
         with each other and the main process."""
-        fetcher = self._loader._make_fetcher()
+        fetcher = self._config.make_fetcher()
         if fetcher.draws or self._probe is None:
             return None
         times = []
@@ -289,7 +283,7 @@ class MultiWorkerIterator:
         stats = self._stats
         seconds = typical_load_s(self._first_loads)
         self._group = 1 if self._iterable else group_size(stats.bytes / stats.batches, seconds)
-        self._loader._task_group = self._group
+        self._memory.task_group = self._group
 
     def _refill(self) -> None:
         """Fill every worker's prefetch window; one message per worker for all its tasks."""
@@ -321,7 +315,7 @@ class MultiWorkerIterator:
             if parts is None:
                 self._queue(sends, wid, [k], task, seed)
                 continue
-            for_loader(self._loader, _JOIN_BUFFERS).warm()  # the join's memory, meanwhile
+            self._memory.buffers(JOIN_BUFFERS).warm()  # the join's memory, meanwhile
             first, start = self._send_idx, 0
             for w, count in parts:
                 idx = self._queue(sends, w, [k], task[start : start + count], seed)
@@ -374,11 +368,11 @@ class MultiWorkerIterator:
 
     def _plan_split(self, k: int, task: Any) -> list[tuple[int, int]] | None:
         """How to split batch ``k`` among workers that would otherwise idle, or None."""
-        loader = self._loader
-        if not (self._can_split and loader._mergeable and loader._rng_untouched):
+        memory = self._memory
+        if not (self._can_split and memory.mergeable and memory.rng_untouched):
             return None
         try:
-            remaining = len(loader) - k
+            remaining = self._epochs.length() - k
         except TypeError:  # a batch sampler without a length: the tail is unknown
             return None
         mean, nbytes = self._profile()
@@ -398,7 +392,7 @@ class MultiWorkerIterator:
         """Mean load seconds and bytes of this epoch's whole batches, or (before the first
         is in) of the last epoch's."""
         if not self._busy_n:
-            return self._loader._batch_profile
+            return self._memory.batch_profile
         return self._busy_sum / self._busy_n, self._stats.bytes / max(1, self._stats.batches)
 
     # -- results -----------------------------------------------------------------------
@@ -407,7 +401,7 @@ class MultiWorkerIterator:
         return self
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return self._epochs.length()
 
     def __next__(self) -> Any:
         raise_pending()  # a Ctrl-C that landed while a batch's memory went home
@@ -437,7 +431,7 @@ class MultiWorkerIterator:
                     began = self._created if self._generation == 1 else self._drawing
                     seconds = self._stats.last - began
                     self._tuner.epoch_done(self._stats, seconds, self._load_in_process)
-                self._loader._batch_profile = self._profile()  # the next epoch's tail plan
+                self._memory.batch_profile = self._profile()  # the next epoch's tail plan
                 self._end()
                 raise StopIteration
             self._handle(*self._wait())
@@ -478,16 +472,16 @@ class MultiWorkerIterator:
         if self._pin_device is not None:
             item = pin(item, self._pin_device)
         self._stats.delivered(item, entered)
-        if not self._group and self._stats.batches >= _GROUP_AFTER:
+        if not self._group and self._stats.batches >= GROUP_AFTER:
             self._size_group()
             self._refill()
         if not self._yielded:
-            self._loader._first_batch_s = time.perf_counter() - self._began
+            self._memory.first_batch_s = time.perf_counter() - self._began
         if self._tuner is not None and not self._tuner.settled:
             self._autotune()
         self._yielded += 1
         if self._iterable:
-            self._loader._warn_if_iterable_overran(self._yielded)
+            self._epochs.delivered(self._yielded)
         return item
 
     def _waiting_for(self) -> int:
@@ -498,7 +492,7 @@ class MultiWorkerIterator:
     def _wait(self) -> tuple[int, Any]:
         if self._pool.pending_start:
             if self._pool.is_started(self._waiting_for()):
-                got = self._pool.get(_LAZY_START_S)
+                got = self._pool.get(LAZY_START_S)
                 if got is not None:
                     return got
             self._pool.start()  # the first batch is slow, or queued for an unstarted worker
@@ -557,13 +551,13 @@ class MultiWorkerIterator:
             if idx not in self._share:
                 self._busy_sum += msg[6]
                 self._busy_n += 1
-                if len(self._first_loads) < _GROUP_AFTER:
+                if len(self._first_loads) < GROUP_AFTER:
                     self._first_loads.append(msg[6])
-                if self._loader._mergeable is None:
-                    self._loader._mergeable = mergeable(batch)
+                if self._memory.mergeable is None:
+                    self._memory.mergeable = mergeable(batch)
             if msg[8] is not None:  # a slow batch: did it draw from the global RNGs?
-                seen = self._loader._rng_untouched
-                self._loader._rng_untouched = msg[8] and seen is not False
+                seen = self._memory.rng_untouched
+                self._memory.rng_untouched = msg[8] and seen is not False
         else:
             item = (k, _Failure(msg[3]), None)
         if k in self._splits:
@@ -606,7 +600,7 @@ class MultiWorkerIterator:
     def _join(self, k: int, parts: list[Any]) -> Any:
         # Into memory this loader reuses: fresh memory for a large batch costs far more in
         # page faults than the copy (up to 250 ms per 100 MiB here, against 10 ms).
-        buffers = for_loader(self._loader, _JOIN_BUFFERS)
+        buffers = self._memory.buffers(JOIN_BUFFERS)
         try:
             return concat(parts, buffers.alloc)
         except (ValueError, RuntimeError, TypeError) as exc:  # parts that do not stack
@@ -616,10 +610,6 @@ class MultiWorkerIterator:
                 "handles them."
             )
             return _Failure(RemoteError(err, f"joining the parts of batch {k}", keep_object=True))
-
-    def _shutdown(self) -> None:
-        """Stop the workers now (also done on garbage collection)."""
-        self._finalizer()
 
     # -- statistics and autotune -------------------------------------------------------
 
@@ -657,62 +647,16 @@ class MultiWorkerIterator:
         self._refill()
 
 
-def assigns_freely(loader: DataLoader[Any]) -> bool:
-    """Whether stoker may assign batches to workers its own way (see the module docstring):
-    where none of the user's code runs in the workers, so none can see which worker loads
-    what, or when (the rule by which a fixed count may load in process instead).
-
-    That is: a map-style dataset that surely draws nothing (only stoker's code loads it,
-    see :func:`~stoker._dataset.draws_nothing`), or whose class sets
-    ``_stoker_worker_agnostic = True`` (its samples depend neither on the worker nor on
-    the timing), with stoker's default collate and no ``worker_init_fn``.
-    """
-    if loader._iterable or loader.worker_init_fn is not None:
-        return False
-    if type(loader.collate_fn) is not DefaultCollate:
-        return False
-    ds = loader.dataset
-    return draws_nothing(ds) or getattr(type(ds), "_stoker_worker_agnostic", False) is True
-
-
-def typical_load_s(loads: Sequence[float]) -> float:
-    """A batch's load time from the first ones measured: their median, since each worker's
-    first batch pays for its start-up and a mean would count that.
-
-    >>> typical_load_s([0.02, 0.02, 1e-5, 2e-5, 1e-5, 1e-5]), typical_load_s([])
-    (2e-05, 0.0)
-    """
-    ordered = sorted(loads) or [0.0]
-    return ordered[len(ordered) // 2]
-
-
-def available_cpus() -> int:
-    """CPUs this process may use: the affinity mask, capped by the cgroup CPU quota."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    quota = _cgroup_quota()
-    if quota is not None:
-        cpus = min(cpus, max(1, math.ceil(quota)))
-    return cpus
-
-
-def _cgroup_quota() -> float | None:
-    try:  # cgroup v2
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:  # cgroup v1
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            q = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            p = int(f.read())
-        return None if q <= 0 or p <= 0 else q / p
-    except (OSError, ValueError):
-        return None
+def _splittable(config: EngineConfig) -> bool:
+    """Whether the loader's batches may be split at an epoch's tail and joined: process
+    workers, map-style, batched by the default collate, no skipped samples."""
+    return (
+        config.worker_mode == "process"
+        and not config.iterable
+        and config.auto_collation
+        and isinstance(config.collate_fn, DefaultCollate)
+        and not config.skip_errors
+    )
 
 
 def workers_warning(num_workers: int, worker_mode: str) -> None:
@@ -730,5 +674,5 @@ def workers_warning(num_workers: int, worker_mode: str) -> None:
             "for them and loading may slow down or stall. Use num_workers <= "
             f"{cpus}, or worker_mode='thread' for I/O-bound datasets.",
             UserWarning,
-            stacklevel=4,  # the user's line that made the iterator (loader.__iter__ -> here)
+            stacklevel=4,  # the user's line that made the iterator (DataLoader.__iter__ -> here)
         )

@@ -17,7 +17,9 @@ A worker's last message says why it ends early, if it does (``sys.exit()`` in th
 the pool reads it, and what the worker sent before, before it reports the death.
 
 Under fork, a loader keeps the segments of its last pool's workers (at most what persistent
-workers would keep; released with the loader) and hands them to its next pool's workers.
+workers would keep; in its :class:`~stoker._engine._config.EngineMemory`, released with the
+loader) and hands them to its next pool's workers, instead of paying for fresh shared
+memory every epoch.
 
 ``shutdown`` may run from ``weakref.finalize`` (garbage collection, interpreter exit) and
 is idempotent; it does nothing in a forked child that inherited the pool. It waits until
@@ -45,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 
 from stoker import _torch
 from stoker._engine import _shm
-from stoker._engine._buffers import for_loader
 from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, add_note, decode, pack_tasks, safe_str, send
 from stoker._engine._worker import (
@@ -57,12 +58,13 @@ from stoker._engine._worker import (
     process_worker,
     thread_worker,
 )
+from stoker._policy import slots_kept_free, steady_slots, thread_buffers
 from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from stoker._loader import DataLoader
+    from stoker._engine._config import EngineConfig, EngineMemory
 
 _STOP_GRACE_S = 1.0
 """How long stopping workers get to finish their batch and exit before they are killed."""
@@ -98,12 +100,6 @@ def _join_reapers() -> None:
         t.join(_EXIT_WAIT_S + _KILL_JOIN_TIMEOUT_S)
 
 
-# Per loader, the segments its last pool's workers used, still mapped (and so faulted in)
-# by the main process: the next pool's workers (fork) start with them, instead of paying
-# for fresh shared memory every epoch (~1 ms per MiB here). Dropped with the loader.
-_WARM: weakref.WeakKeyDictionary[Any, list[tuple[str, Any]]] = weakref.WeakKeyDictionary()
-
-
 def _close_parent_ends_in_child() -> None:
     for conn in list(_PARENT_ENDS):
         with contextlib.suppress(OSError):
@@ -129,7 +125,7 @@ class _ProcWorker:
         self.big_slots = False  # its slots are big enough to return them eagerly
         self.out: dict[int, str] = {}  # slot id -> segment name, while views of it live
         self.late: dict[int, tuple[str, Any]] = {}  # out at shutdown: warm once freed
-        self.loader_ref: Any = None  # set at shutdown, for ``late``
+        self.memory_ref: Any = None  # the loader's EngineMemory, set at shutdown, for ``late``
         self.unsent: list[Any] | None = []  # tasks queued before the process started
         self.inbox = Inbox(conn.fileno())  # results read from its pipe, not yet handled
         self.said_bye = False
@@ -147,10 +143,10 @@ class _ProcWorker:
         self.out.pop(sid, None)
         self.freed.append(sid)
         late = self.late.pop(sid, None) if self.late else None
-        loader = self.loader_ref() if late is not None else None
-        if late is not None and loader is not None:  # an epoch's last batch died after it
+        memory = self.memory_ref() if late is not None else None
+        if late is not None and memory is not None:  # an epoch's last batch died after it
             with contextlib.suppress(Exception):
-                _WARM.setdefault(loader, []).append(late)
+                memory.warm.append(late)
 
 
 def _torch_phrase(pid: int | None, code: int | None) -> str:
@@ -238,29 +234,30 @@ def _ended_text(why: str | None) -> str:
 class ProcessPool:
     """Worker processes with the shared-memory transport (see the module docstring)."""
 
-    def __init__(self, loader: DataLoader[Any], seeds: list[int], prefetch: int) -> None:
-        ctx = loader.multiprocessing_context or multiprocessing.get_context()
+    def __init__(self, config: EngineConfig, memory: EngineMemory, seeds: list[int]) -> None:
+        ctx = config.context or multiprocessing.get_context()
         method = ctx.get_start_method()
         self._owner = os.getpid()
         self._closed = False
         self.workers: list[_ProcWorker] = []
         _shm.sweep_dead_owners()
         token = secrets.token_hex(4)
-        n = loader._pool_workers()  # with autotune, the most workers it may start
-        fetcher = loader._make_fetcher()
+        n = config.capacity  # with autotune, the most workers it may start
+        prefetch = config.prefetch
+        fetcher = config.make_fetcher()
         import_torch = _torch.loaded() is not None
         # What to name if pickling fails (not the loader: it may hold this pool's iterator,
         # and the pool must not keep that alive).
         self._parts: dict[str, Any] = {
-            "dataset": loader.dataset,
-            "collate_fn": loader.collate_fn,
-            "worker_init_fn": loader.worker_init_fn,
+            "dataset": config.dataset,
+            "collate_fn": config.collate_fn,
+            "worker_init_fn": config.init_fn,
         }
         self._method = method
-        self._phases = _Phases(loader.worker_init_fn)
-        self._loader_ref = weakref.ref(loader)
-        self._warm_cap = n * (2 * prefetch + 2)  # what persistent workers would keep
-        warm = _WARM.pop(loader, []) if method == "fork" else []
+        self._phases = _Phases(config.init_fn)
+        self._memory_ref = weakref.ref(memory)
+        self._warm_cap = n * slots_kept_free(prefetch)  # what persistent workers would keep
+        warm = memory.take_warm() if method == "fork" else []  # faulted in already
         self._child_ends: list[Any] = []
         self._next_start = 0
         self._start_limit = n  # workers beyond it wait for limit_start (autotune)
@@ -271,10 +268,10 @@ class ProcessPool:
                 n,
                 seeds[wid],
                 fetcher,
-                loader.worker_init_fn,
+                config.init_fn,
                 prefix,
-                keep_free=2 * prefetch + 2,  # in flight, held, frees in transit
-                steady=prefetch + 2,  # prefetched, held by the user, being written
+                keep_free=slots_kept_free(prefetch),
+                steady=steady_slots(prefetch),
                 window=n * prefetch,
                 import_torch=import_torch,
                 warm=warm[wid::n],
@@ -501,10 +498,10 @@ class ProcessPool:
             warm = self._stop(grace_s, leaving)
         finally:
             reap(leaving)
-        loader = self._loader_ref()
-        if warm and loader is not None and self._method == "fork":
+        memory = self._memory_ref()
+        if warm and memory is not None and self._method == "fork":
             with contextlib.suppress(Exception):  # interpreter exit may have torn it down
-                _WARM[loader] = (_WARM.get(loader, []) + warm)[: self._warm_cap]
+                memory.warm = (memory.warm + warm)[: self._warm_cap]
 
     def _stop(self, grace_s: float, leaving: list[_ProcWorker]) -> list[tuple[str, Any]]:
         """Tell every worker to stop and wait for it (see :meth:`shutdown`); the workers that
@@ -531,7 +528,7 @@ class ProcessPool:
                 # It writes no more: the next pool's workers reuse what it left.
                 out = dict(w.out)
                 w.late = {sid: (n, w.maps._maps[n]) for sid, n in out.items() if n in w.maps._maps}
-                w.loader_ref = self._loader_ref
+                w.memory_ref = self._memory_ref
                 warm += w.maps.take_unused(set(out.values()))
             w.maps.clear()
             leaving.append(w)
@@ -613,29 +610,27 @@ def _reaper() -> Callable[[list[_ProcWorker]], None]:
 class ThreadPool:
     """Worker threads with the in-process transport (see the module docstring)."""
 
-    def __init__(
-        self, loader: DataLoader[Any], seeds: list[int], prefetch: int, pin_device: str | None
-    ) -> None:
+    def __init__(self, config: EngineConfig, memory: EngineMemory, seeds: list[int]) -> None:
         self._closed = False
         self._outbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        n = loader._pool_workers()  # with autotune, the most workers it may use
-        self._phases = _Phases(loader.worker_init_fn)
+        n = config.capacity  # with autotune, the most workers it may use
+        self._phases = _Phases(config.init_fn)
         self._dead: tuple[int, str] | None = None  # a thread that said it ended, and why
-        shared = None if loader._iterable else loader._make_fetcher()
+        shared = None if config.iterable else config.make_fetcher()
         guard = self._guard = RngGuard()
-        buffers = for_loader(loader, n * prefetch + 2)  # in flight, held, returning
+        buffers = memory.buffers(thread_buffers(n, config.prefetch))
         self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
         board = HelpBoard(self._inboxes)
         for wid in range(n):
-            fetcher = shared if shared is not None else loader._make_fetcher()
+            fetcher = shared if shared is not None else config.make_fetcher()
             args = WorkerArgs(
                 wid,
                 n,
                 seeds[wid],
                 fetcher,
-                loader.worker_init_fn,
-                pin_device=pin_device,
+                config.init_fn,
+                pin_device=config.pin_device,
                 rng_guard=guard,
                 board=board,
                 buffers=buffers,

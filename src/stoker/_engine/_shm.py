@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from stoker import _cache
+from stoker._cache import shm_room_bytes
+from stoker._osprobe import SHM_DIR
 from stoker.errors import SharedMemoryError
 
 try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
@@ -44,7 +45,6 @@ try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-SHM_DIR = "/dev/shm"
 NAME_PREFIX = "stoker_"
 ALIGN = 64
 """Leaves start on 64-byte boundaries (cache lines; enough for every dtype and SIMD)."""
@@ -93,20 +93,10 @@ def segment_prefix(owner_pid: int, token: str, worker_id: int) -> str:
     return f"{NAME_PREFIX}{owner_pid}_{token}_{worker_id}_"
 
 
-def shm_free_bytes() -> int | None:
-    """Bytes free in ``/dev/shm`` (None where there is no such directory), less what this
-    process's shared-memory caches (:mod:`stoker._cache`) may still write there."""
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return None
-    return max(0, st.f_bavail * st.f_frsize - _cache.shm_reserved_bytes())
-
-
 def _shm_error(needed: int, workers: int, window: int) -> SharedMemoryError:
     """The error for a slot of ``needed`` bytes that does not fit, stating what the whole
     prefetch window of ``window`` slots over ``workers`` workers needs."""
-    free = shm_free_bytes()
+    free = shm_room_bytes()
     free_text = f"{free:,} bytes are free" if free is not None else "free space unknown"
     workers = max(1, workers)
     prefetch = max(1, window // workers)

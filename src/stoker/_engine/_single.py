@@ -5,19 +5,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from stoker._engine._buffers import for_loader
 from stoker._engine._interrupts import raise_pending
 from stoker._engine._pin import pin
+from stoker._policy import IN_PROCESS_BUFFERS
 from stoker._random import call_seeded, mix_seed
 from stoker._stats import StatsRecorder
 
 if TYPE_CHECKING:
-    from stoker._autotune import Autotuner
-    from stoker._loader import DataLoader
-
-_BUFFERS = 2
-"""Free buffers the loader's pool keeps for in-process loading: a loop holds one batch while
-the next is made, so the one it dropped before is free again, with one to spare."""
+    from stoker._engine._config import EngineConfig, EngineMemory, Epochs
 
 
 class SingleProcessIterator:
@@ -37,24 +32,24 @@ class SingleProcessIterator:
     memory that is already mapped instead of faulting in fresh pages.
     """
 
-    def __init__(self, loader: DataLoader[Any], tuner: Autotuner | None = None) -> None:
+    def __init__(self, config: EngineConfig, memory: EngineMemory, epochs: Epochs) -> None:
         self._created = time.perf_counter()  # the sampler's draw counts in the epoch
-        self._loader = loader
-        self._tuner = tuner  # the autotuner that chose to load in process
-        self._epoch = loader._start_epoch()
-        fetcher = loader._make_fetcher()
+        self._epochs = epochs
+        self._tuner = tuner = config.tuner  # the autotuner that chose to load in process
+        self._epoch = epochs.start()
+        fetcher = config.make_fetcher()
         self._fetch = fetcher.fetch_skipping
         self._seeded = fetcher.draws
-        self._alloc = for_loader(loader, _BUFFERS, shared=False).alloc
-        self._pin_device = loader._resolved_pin_device()
+        self._alloc = memory.buffers(IN_PROCESS_BUFFERS, shared=False).alloc
+        self._pin_device = config.pin_device
         # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning
-        self._step = getattr(loader.dataset, "main_process_step", None)
-        self._iterable = loader._iterable
+        self._step = getattr(config.dataset, "main_process_step", None)
+        self._iterable = config.iterable
         self._yielded = 0
-        self._stats = StatsRecorder(0, loader._auto_collation)
+        self._stats = StatsRecorder(0, config.auto_collation)
         if tuner is not None:
             self._stats.decisions = tuner.decisions
-        loader._stats = self._stats
+        memory.stats = self._stats
 
     def __iter__(self) -> SingleProcessIterator:
         return self
@@ -90,8 +85,8 @@ class SingleProcessIterator:
         self._stats.busy[0] = self._stats.wait  # in process, fetching is all the waiting
         self._yielded += 1
         if self._iterable:
-            self._loader._warn_if_iterable_overran(self._yielded)
+            self._epochs.delivered(self._yielded)
         return data
 
     def __len__(self) -> int:
-        return len(self._loader)
+        return self._epochs.length()

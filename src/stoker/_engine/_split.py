@@ -3,9 +3,9 @@
 Thread workers each fetch whole batches. When a batch's samples are slow to load (I/O
 waits that release the GIL) and fewer batches are in flight than threads, the idle threads
 would wait while one thread loads a whole batch sample after sample. :class:`HelpBoard`
-lets a thread that loads a batch sample by sample hand single samples to idle threads: it
-times the first sample, and only when that took at least :data:`SPLIT_MIN_S` does it offer
-the rest (a fast dataset never pays for the offer). Results come back in index order, so the
+lets a thread that loads a batch sample by sample hand single samples to idle threads: it times the
+first sample, and only when that took at least :data:`~stoker._policy.THREAD_SPLIT_MIN_S` does it
+offer the rest (a fast dataset never pays for the offer). Results come back in index order, so the
 batch is the same as when one thread loads it; the first failing sample (in index order)
 raises, as a sequential load would.
 
@@ -25,10 +25,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from stoker._policy import THREAD_SPLIT_MIN_S
 from stoker._worker_info import get_worker_info, set_worker_info
-
-SPLIT_MIN_S = 0.0005
-"""A first sample slower than this is worth handing the others to idle threads."""
 
 
 class Job:
@@ -135,7 +133,7 @@ class HelpBoard:
             return []
         started = time.perf_counter()
         first = fn(items[0])
-        if len(items) == 1 or time.perf_counter() - started < SPLIT_MIN_S:
+        if len(items) == 1 or time.perf_counter() - started < THREAD_SPLIT_MIN_S:
             return [first] + [fn(x) for x in items[1:]]
         job = Job(fn, items, first)
         with self._lock:

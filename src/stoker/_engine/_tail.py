@@ -2,8 +2,8 @@
 
 A process worker loads whole batches, so the last batches of an epoch can leave workers
 idle: 10 slow batches on 4 workers take 3 rounds where 2.5 would do. When batches are slow
-(:data:`SPLIT_MIN_S` or more), the dataset leaves the global random generators alone (so a
-part seeded like its batch loads the same samples) and the loader uses the default
+(see :func:`~stoker._policy.worth_splitting`), the dataset leaves the global random generators alone
+(so a part seeded like its batch loads the same samples) and the loader uses the default
 collate, the iterator asks :func:`plan` how to cut a task among the workers that would
 otherwise finish early, sends the parts as tasks of their own, and joins the collated parts
 with :func:`concat`: the batch that one worker would have made, for one more copy of it,
@@ -24,24 +24,8 @@ from stoker import _torch
 from stoker._batch import Alloc
 from stoker._collate import numpy_dtype
 
-SPLIT_MIN_S = 0.02
-"""Batches that take less than this to load are never split (a part costs a message)."""
-_JOIN_BYTES_PER_S = 4e9
-_GAIN = 5
-"""A batch is split only if loading it takes ``_GAIN`` times longer than joining its parts
-(a copy, at about ``_JOIN_BYTES_PER_S``): a batch whose loading is mostly copying, as with
-samples already in memory, is left whole."""
 _MIN_SHARE = 0.1
 """A worker's share of a split batch is at least this fraction (else it is sent whole)."""
-
-
-def worth_splitting(load_s: float, nbytes: float) -> bool:
-    """Whether batches of ``nbytes`` that take ``load_s`` to load gain from a split.
-
-    >>> worth_splitting(0.5, 100 << 20), worth_splitting(0.03, 100 << 20)
-    (True, False)
-    """
-    return load_s >= SPLIT_MIN_S and load_s >= _GAIN * nbytes / _JOIN_BYTES_PER_S
 
 
 def plan(n: int, loads: Sequence[float], remaining: float) -> list[tuple[int, int]] | None:

@@ -9,8 +9,8 @@ process):
   that metadata crosses the pipe. A batch that is a tuple or list of a few arrays (what the
   default collate makes of most datasets) skips the pickler: its metadata is the list of
   leaf references itself; so does a group of such batches (tiny ones, written into one
-  slot and sent as one message, see :func:`group_size`). :func:`decode` maps the slot and
-  rebuilds the leaves as NumPy views (``torch.from_numpy`` of them for tensors); a
+  slot and sent as one message, see :func:`stoker._policy.group_size`). :func:`decode` maps
+  the slot and rebuilds the leaves as NumPy views (``torch.from_numpy`` of them for tensors); a
   ``weakref.finalize`` on the memoryview that every view shares returns the slot when the
   last view dies.
 - **in-process** (thread workers and tests): the batch object itself is passed; nothing is
@@ -91,8 +91,8 @@ def pack_tasks(tasks: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """Tasks ``(generation, index, task, seed, freed)`` for the pipe, each with a sixth field:
     1-D integer index arrays travel as raw bytes and that field holds their dtype (about ten
     times cheaper to pickle than the array); other tasks as they are, with None. A group of
-    tiny batches (``task`` a list of tasks, ``seed`` a tuple, see :func:`group_size`) has
-    ``("g", dtype)`` there, its index arrays joined in one bytes object with their lengths.
+    tiny batches (``task`` a list of tasks, ``seed`` a tuple, see :func:`stoker._policy.group_size`)
+    has ``("g", dtype)`` there, its index arrays joined in one bytes object with their lengths.
     """
     out: list[tuple[Any, ...]] = []
     for gen, idx, task, seed, freed in tasks:
@@ -202,26 +202,6 @@ class Inbox:
         msg = pickle.loads(self.buf[start:end])
         del self.buf[:end]
         return msg
-
-
-_SMALL_BATCH_BYTES = 256 << 10
-FAST_BATCH_S = 0.0005
-_MAX_GROUP = 16
-
-
-def group_size(nbytes: float, seconds: float) -> int:
-    """How many batches of ``nbytes`` that a worker loads in ``seconds`` each count as one
-    prefetch slot: several when they are small and fast, since sending a task and receiving
-    its batch then costs more than loading it, and a worker with a shallow queue would wait
-    for the main process most of the time. Process workers get that many as one task and
-    answer with one slot and one message.
-
-    >>> group_size(10_000, 0.00005), group_size(10_000, 0.01), group_size(1 << 20, 0.00005)
-    (16, 1, 1)
-    """
-    if nbytes >= _SMALL_BATCH_BYTES or seconds >= FAST_BATCH_S:
-        return 1
-    return int(min(_MAX_GROUP, _SMALL_BATCH_BYTES // max(1.0, nbytes)))
 
 
 _HOLD_S = 0.001
@@ -640,15 +620,9 @@ def _format(exc: BaseException) -> str:
 
 
 def add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` where Python has it (3.11+), else ``__notes__`` by hand; never
-    raises (an exception may refuse notes)."""
-    try:
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
-        else:  # pragma: no cover - Python 3.10
-            exc.__notes__ = [*getattr(exc, "__notes__", []), note]
-    except Exception:
-        pass
+    """``exc.add_note(note)`` that never raises (an exception may refuse notes)."""
+    with contextlib.suppress(Exception):
+        exc.add_note(note)
 
 
 class _RemoteTraceback(Exception):

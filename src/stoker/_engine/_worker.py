@@ -52,9 +52,7 @@ from stoker._engine._buffers import BufferPool
 from stoker._engine._pin import pin
 from stoker._engine._shm import Arena, unlink_prefix
 from stoker._engine._split import HelpBoard
-from stoker._engine._tail import SPLIT_MIN_S
 from stoker._engine._transport import (
-    FAST_BATCH_S,
     Inbox,
     Outbox,
     RemoteError,
@@ -62,6 +60,7 @@ from stoker._engine._transport import (
     unpack_task,
 )
 from stoker._fetch import IterableFetcher, MapFetcher
+from stoker._policy import FAST_BATCH_S, INDICES_SHOWN, TAIL_SPLIT_MIN_S
 from stoker._random import batch_seeds, call_seeded, globals_untouched, mix_seed, seed_globals
 from stoker._worker_info import WorkerInfo, get_worker_info, set_worker_info
 
@@ -72,7 +71,6 @@ READY = ("ready", -1, -2)
 """A worker is up (imports, seeding done); next it runs ``worker_init_fn``, if any."""
 INITED = ("inited", -1, -4)
 """A worker's ``worker_init_fn`` returned."""
-_INDICES_SHOWN = 16
 
 _NEW_EPOCH_WAIT_S = 1.0
 """How long a new epoch of persistent thread workers waits for a seeded fetch still in
@@ -251,8 +249,8 @@ def _where(args: WorkerArgs, task: Any) -> str:
         return text
     if isinstance(task, np.ndarray):
         task = task.tolist()
-    if isinstance(task, list) and len(task) > _INDICES_SHOWN:
-        shown = ", ".join(map(str, task[:_INDICES_SHOWN]))
+    if isinstance(task, list) and len(task) > INDICES_SHOWN:
+        shown = ", ".join(map(str, task[:INDICES_SHOWN]))
         return f"{text} on sample indices [{shown}, ...] ({len(task)} in all)"
     return f"{text} on sample indices {task}"
 
@@ -493,7 +491,7 @@ def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
         retired = arena.take_retired()
         # For a slow batch, whether the dataset left the global RNGs alone: then its parts
         # can be loaded by several workers (see stoker._engine._tail).
-        slow = busy >= SPLIT_MIN_S and not iterable
+        slow = busy >= TAIL_SPLIT_MIN_S and not iterable
         untouched = (not fetcher.draws or globals_untouched(seed)) if slow else None
         reply = ("ok", gen, index, slot, payload, retired, busy, skipped, untouched)
         outbox.send(reply, hold=bool(pending) and busy < FAST_BATCH_S and not first)
@@ -513,7 +511,7 @@ def _fetch_group(
     :class:`RemoteError` of those that raised), all written into one slot. Each batch is
     seeded from (seed, epoch, its own batch number), as a batch sent alone. The finished
     batches wait for the group's last one: only batches measured to load in well under a
-    millisecond are grouped (see :func:`~stoker._engine._transport.group_size`)."""
+    millisecond are grouped (see :func:`~stoker._policy.group_size`)."""
     base, epoch, ks = seed
     fetcher = args.fetcher
     started = time.perf_counter()

@@ -11,7 +11,8 @@ import argparse
 import sys
 from typing import Any
 
-from stoker._cli import number
+from stoker import _command
+from stoker._command import number
 
 COMMANDS = ("pack", "inspect")
 
@@ -71,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``pack`` / ``inspect`` as ``stoker`` does (``python -m stoker.formats._cli``)."""
-    from stoker._cli import main as stoker_main
-
-    return stoker_main(argv)
+    return _command.run(_command.parser([add_subcommands]).parse_args(argv), run)
 
 
 if __name__ == "__main__":

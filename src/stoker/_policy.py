@@ -1,0 +1,210 @@
+"""Every threshold and rule by which stoker's loading decides, each once, with its reason.
+
+Pure: nothing here starts a process, touches the OS or imports the engine, so the loader,
+the engine, the autotuner and the checkpoint code all read the same numbers, and each rule
+has unit tests (``tests/test_engine_policy.py``). The rules:
+
+- **who may see the assignment** (:func:`assigns_freely`): stoker assigns batches its own
+  faster way only where none of the user's code runs in a worker; elsewhere torch's.
+- **in-process fallback** (:func:`may_load_in_process`): when loading in the main process
+  may stand in for workers, ``num_workers="auto"`` or a fixed count alike.
+- **lazy start** (:func:`starts_lazily`): fork workers after the first start late.
+- **grouping** (:func:`group_size`): tiny, fast batches share a prefetch slot and a message.
+- **tail split** (:func:`worth_splitting`) and **thread split**
+  (:data:`THREAD_SPLIT_MIN_S`): slow batches shared among workers that would idle.
+- **prefetch sizing** (:data:`DEFAULT_PREFETCH`, :func:`slots_kept_free`, ...): how much
+  memory each worker and loader keeps for batches in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from stoker._collate import DefaultCollate
+from stoker._dataset import draws_nothing
+
+# -- who may see the assignment, and the in-process fallback ----------------------------
+
+
+def assigns_freely(
+    dataset: Any, collate_fn: Any, iterable: bool, init_fn: Callable[[int], None] | None
+) -> bool:
+    """Whether stoker may assign batches to workers its own way (fewest in flight, lazy
+    start, groups, tail splits) instead of torch's round robin: where none of the user's
+    code runs in the workers, so none can see which worker loads what, or when.
+
+    That is: a map-style dataset that surely draws nothing (only stoker's code loads it,
+    see :func:`~stoker._dataset.draws_nothing`), or whose class sets
+    ``_stoker_worker_agnostic = True`` (its samples depend neither on the worker nor on
+    the timing), with stoker's default collate and no ``worker_init_fn``.
+    """
+    if iterable or init_fn is not None or type(collate_fn) is not DefaultCollate:
+        return False
+    return draws_nothing(dataset) or getattr(type(dataset), "_stoker_worker_agnostic", 0) is True
+
+
+def may_load_in_process(
+    num_workers: int | str, iterable: bool, init_fn: Any, timeout: float, draws: bool
+) -> bool:
+    """Whether loading in the main process may stand in for a loader's workers, when an
+    epoch shows that workers only cost (see :mod:`stoker._autotune`).
+
+    With ``num_workers="auto"``, or a fixed count where only stoker's code would run in
+    the workers (a fetcher that ``draws`` nothing runs none of the user's: where such
+    batches are gathered cannot be seen, except in the time they take). Never for an
+    iterable dataset (it shards itself by worker count), with ``worker_init_fn`` (it would
+    not run) or a ``timeout`` (the main process cannot time itself out).
+    """
+    if iterable or init_fn is not None or float(timeout):
+        return False
+    return num_workers == "auto" or not draws
+
+
+# -- lazy start --------------------------------------------------------------------------
+
+LAZY_START_S = 0.02
+"""Fork workers beyond the first start after the first batch, or after this long without
+one: a fast first batch does not wait for the other forks, a slow one barely delays them."""
+EAGER_AFTER_S = 0.01
+"""A first batch slower than this (a fork or two) in a loader's last epoch: start all its
+workers at once in the next one."""
+
+
+def starts_lazily(free: bool, fork: bool, last_first_batch_s: float) -> bool:
+    """Whether an iterator starts one worker first and the others after its first batch.
+
+    Only where stoker assigns freely (workers running the user's code may wait for each
+    other), under fork (each fork costs the main process a few milliseconds of page-table
+    copying, while spawned workers start so slowly that all start at once), and unless the
+    loader's last epoch waited longer than :data:`EAGER_AFTER_S` for its first batch.
+
+    >>> starts_lazily(True, True, 0.0), starts_lazily(True, True, 0.5)
+    (True, False)
+    """
+    return free and fork and last_first_batch_s < EAGER_AFTER_S
+
+
+# -- grouping ----------------------------------------------------------------------------
+
+GROUP_AFTER = 8
+"""Batches delivered before the group is sized (the first ones pay for warm-up)."""
+SMALL_BATCH_BYTES = 256 << 10
+"""Batches under this size may share a prefetch slot (a group fills at most this much)."""
+FAST_BATCH_S = 0.0005
+"""Batches that load faster than this cost more to send and receive than to make: they
+are grouped, and a worker holds their results briefly to write several at once."""
+MAX_GROUP = 16
+"""Most batches in one group."""
+
+
+def group_size(nbytes: float, seconds: float) -> int:
+    """How many batches of ``nbytes`` that a worker loads in ``seconds`` each count as one
+    prefetch slot: several when they are small and fast, since sending a task and receiving
+    its batch then costs more than loading it, and a worker with a shallow queue would wait
+    for the main process most of the time. Process workers get that many as one task and
+    answer with one slot and one message.
+
+    >>> group_size(10_000, 0.00005), group_size(10_000, 0.01), group_size(1 << 20, 0.00005)
+    (16, 1, 1)
+    """
+    if nbytes >= SMALL_BATCH_BYTES or seconds >= FAST_BATCH_S:
+        return 1
+    return int(min(MAX_GROUP, SMALL_BATCH_BYTES // max(1.0, nbytes)))
+
+
+def typical_load_s(loads: Sequence[float]) -> float:
+    """A batch's load time from the first ones measured: their median, since each worker's
+    first batch pays for its start-up and a mean would count that.
+
+    >>> typical_load_s([0.02, 0.02, 1e-5, 2e-5, 1e-5, 1e-5]), typical_load_s([])
+    (2e-05, 0.0)
+    """
+    ordered = sorted(loads) or [0.0]
+    return ordered[len(ordered) // 2]
+
+
+# -- splitting slow batches --------------------------------------------------------------
+
+TAIL_SPLIT_MIN_S = 0.02
+"""Process workers' batches that load faster than this are never split at an epoch's tail
+(a part costs a message and a join); a worker reports whether those that are slower drew
+from the global random generators (a split needs them untouched)."""
+JOIN_BYTES_PER_S = 4e9
+"""About how fast the main process copies split parts into one batch."""
+SPLIT_GAIN = 5
+"""A batch is split only if loading it takes this many times longer than joining its
+parts: a batch whose loading is mostly copying, as with samples already in memory, is left
+whole."""
+THREAD_SPLIT_MIN_S = 0.0005
+"""A thread worker's first sample slower than this is worth handing the batch's other
+samples to idle threads (a sample taken costs a lock and a list append)."""
+
+
+def worth_splitting(load_s: float, nbytes: float) -> bool:
+    """Whether batches of ``nbytes`` that take ``load_s`` to load gain from a tail split.
+
+    >>> worth_splitting(0.5, 100 << 20), worth_splitting(0.03, 100 << 20)
+    (True, False)
+    """
+    return load_s >= TAIL_SPLIT_MIN_S and load_s >= SPLIT_GAIN * nbytes / JOIN_BYTES_PER_S
+
+
+# -- prefetch sizing ---------------------------------------------------------------------
+
+DEFAULT_PREFETCH = 2
+"""Batches loaded ahead per worker when ``prefetch_factor`` is not given (torch's)."""
+JOIN_BUFFERS = 2
+"""Memory for joined split batches a loader keeps: the one the loop holds and the next."""
+IN_PROCESS_BUFFERS = 2
+"""Free buffers in-process loading keeps: a loop holds one batch while the next is made, so
+the one it dropped before is free again, with one to spare."""
+
+
+def prefetch_of(prefetch_factor: int | str | None) -> int:
+    """The prefetch window per worker that a fixed (or absent) ``prefetch_factor`` gives;
+    ``"auto"`` starts at :data:`DEFAULT_PREFETCH`.
+
+    >>> prefetch_of(None), prefetch_of("auto"), prefetch_of(5)
+    (2, 2, 5)
+    """
+    if isinstance(prefetch_factor, str):
+        return DEFAULT_PREFETCH
+    return max(1, int(prefetch_factor or DEFAULT_PREFETCH))
+
+
+def slots_kept_free(prefetch: int) -> int:
+    """Free shared-memory slots a process worker keeps: its batches in flight, the one the
+    user holds, and frees still on their way back.
+
+    >>> slots_kept_free(2)
+    6
+    """
+    return 2 * prefetch + 2
+
+
+def steady_slots(prefetch: int) -> int:
+    """Slots a process worker uses in steady state: prefetched, held by the user, and the
+    one being written.
+
+    >>> steady_slots(2)
+    4
+    """
+    return prefetch + 2
+
+
+def thread_buffers(workers: int, prefetch: int) -> int:
+    """Free buffers thread workers share: every batch in flight, the one held, and the one
+    returning.
+
+    >>> thread_buffers(4, 2)
+    10
+    """
+    return workers * prefetch + 2
+
+
+# -- messages ----------------------------------------------------------------------------
+
+INDICES_SHOWN = 16
+"""Sample indices an error or warning lists before it says "...": enough to see a pattern,
+few enough to read."""
