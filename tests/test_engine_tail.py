@@ -81,7 +81,10 @@ def test_joins_reuse_the_loaders_memory() -> None:
     list(loader)  # measures the batches: the next epochs split their tail
 
     first = _joined_addresses(loader)  # the batches die here: their buffers return
-    assert first and _joined_addresses(loader) <= first
+    second = _joined_addresses(loader)
+    # How many batches get split depends on timing; every one the kept buffers can hold
+    # must reuse one, so only joins beyond the first epoch's count may take fresh memory.
+    assert first and len(second - first) <= max(0, len(second) - len(first)), (first, second)
     del loader
 
 
