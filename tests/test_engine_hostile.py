@@ -28,6 +28,7 @@ import pytest
 
 from stoker import DataLoader
 from stoker._engine import _pool
+from stoker._engine._messages import Ready
 from stoker.errors import WorkerError
 
 MODES = ["fork", "spawn", "thread"]
@@ -194,7 +195,7 @@ def test_a_dead_thread_is_not_reported_as_alive_under_timeout() -> None:
 
 
 def _silent_thread(args: Any, inbox: Any, outbox: Any) -> None:
-    outbox.put((args.worker_id, ("ready", -1, -2)))  # then it ends without a word
+    outbox.put((args.worker_id, Ready()))  # then it ends without a word
 
 
 def test_a_thread_that_ends_without_a_word_is_seen_dead(monkeypatch: pytest.MonkeyPatch) -> None:

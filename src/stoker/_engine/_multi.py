@@ -42,8 +42,17 @@ from typing import TYPE_CHECKING, Any
 
 from stoker._collate import DefaultCollate
 from stoker._engine._interrupts import raise_pending
+from stoker._engine._messages import (
+    Exhausted,
+    Loaded,
+    LoadedGroup,
+    Ready,
+    StartFailed,
+    Task,
+    ToIterator,
+)
 from stoker._engine._pin import pin, slot_pins
-from stoker._engine._pool import ProcessPool, ThreadPool
+from stoker._engine._pool import ProcessPool, ThreadPool, WorkerPool
 from stoker._engine._tail import concat, mergeable, plan
 from stoker._engine._transport import RemoteError
 from stoker._engine._worker import worker_seed
@@ -141,7 +150,7 @@ class MultiWorkerIterator:
             self._finalizer()
             raise
 
-    def _make_pool(self, epoch: int) -> ProcessPool | ThreadPool:
+    def _make_pool(self, epoch: int) -> WorkerPool:
         """The pool of ``config.capacity`` workers, seeded for ``epoch``."""
         config = self._config
         seeds = self._worker_seeds(epoch, config.capacity)
@@ -287,7 +296,7 @@ class MultiWorkerIterator:
 
     def _refill(self) -> None:
         """Fill every worker's prefetch window; one message per worker for all its tasks."""
-        sends: dict[int, list[Any]] = {}
+        sends: dict[int, list[Task]] = {}
         depth = self._depth
         window = depth * self._num_workers
         in_flight = self._send_idx - self._popped
@@ -326,7 +335,7 @@ class MultiWorkerIterator:
             self._pool.send(wid, tasks)
 
     def _queue(
-        self, sends: dict[int, list[Any]], wid: int, ks: list[int], task: Any, seed: Any
+        self, sends: dict[int, list[Task]], wid: int, ks: list[int], task: Any, seed: Any
     ) -> int:
         """Number ``task`` (batch ``ks[0]``, or a group's batches ``ks``: one task index
         each) and add it to worker ``wid``'s message; returns its first task index."""
@@ -337,20 +346,14 @@ class MultiWorkerIterator:
             self._task_worker[j] = wid
             self._owner[j] = wid
         self._undelivered[wid] += len(ks)
-        tasks = sends.get(wid)
-        if tasks is None:
-            tasks = sends[wid] = []
-            freed = self._pool.take_freed(wid)
-        else:
-            freed = []
-        tasks.append((self._generation, idx, task, seed, freed))
+        sends.setdefault(wid, []).append(Task(self._generation, idx, task, seed))
         if not self._outstanding[wid]:
             self._since[wid] = time.perf_counter()
         self._outstanding[wid] += len(ks)
         return idx
 
     def _queue_group(
-        self, sends: dict[int, list[Any]], wid: int, k: int, task: Any, depth: int, window: int
+        self, sends: dict[int, list[Task]], wid: int, k: int, task: Any, depth: int, window: int
     ) -> None:
         """Queue batch ``k`` and the next ones, as many as a group, the worker's window and
         the loader's allow, as one task for worker ``wid`` (numbered one by one)."""
@@ -489,7 +492,7 @@ class MultiWorkerIterator:
             return self._task_worker[self._rcv_idx]
         return max(range(self._num_workers), key=self._outstanding.__getitem__)
 
-    def _wait(self) -> tuple[int, Any]:
+    def _wait(self) -> tuple[int, ToIterator]:
         if self._pool.pending_start:
             if self._pool.is_started(self._waiting_for()):
                 got = self._pool.get(LAZY_START_S)
@@ -516,63 +519,57 @@ class MultiWorkerIterator:
             if got is not None:
                 return got
 
-    def _handle(self, wid: int, msg: tuple[Any, ...]) -> None:
-        kind, gen, idx = msg[0], msg[1], msg[2]
-        if kind == "ready":
+    def _handle(self, wid: int, msg: ToIterator) -> None:
+        if isinstance(msg, Ready):
             self._started[wid] = True
             return
-        if kind == "bye":  # a worker leaving: its process's end is what counts
-            return
-        if idx == -1:  # start-up failed (dataset unpickling, worker_init_fn)
+        if isinstance(msg, StartFailed):  # dataset unpickling, worker_init_fn
             self._finalizer()
-            raise msg[3].rebuild()
-        if gen != self._generation:  # a result of an abandoned epoch
-            if kind in ("ok", "okg"):
-                self._pool.decode(wid, msg)  # maps and drops it: the slot returns
-            return
-        if kind == "okg":
+            raise msg.error.rebuild()
+        if msg.generation != self._generation:
+            return  # a result of an abandoned epoch (a batch's slot returns as it dies)
+        if isinstance(msg, LoadedGroup):
             self._handle_group(wid, msg)
             return
+        idx = msg.idx
         self._outstanding[wid] -= 1
         del self._task_worker[idx]
         k = self._k_of.pop(idx)
         self._since[wid] = time.perf_counter()  # its next task starts now
-        if kind == "end":
+        if isinstance(msg, Exhausted):
             self._active[wid] = False
             if self._in_order:
                 self._ready[idx] = _SKIP
             else:
                 self._release(idx)  # nothing to deliver: it leaves the window now
             return
-        if kind == "ok":
-            self._stats.busy[wid] += msg[6]  # the worker's fetch + collate seconds
-            batch = self._pool.decode(wid, msg)
-            item = (k, batch, msg[7])  # msg[7]: skipped
+        if isinstance(msg, Loaded):
+            self._stats.busy[wid] += msg.busy  # the worker's fetch + collate seconds
+            item = (k, msg.batch, msg.skipped)
             if idx not in self._share:
-                self._busy_sum += msg[6]
+                self._busy_sum += msg.busy
                 self._busy_n += 1
                 if len(self._first_loads) < GROUP_AFTER:
-                    self._first_loads.append(msg[6])
+                    self._first_loads.append(msg.busy)
                 if self._memory.mergeable is None:
-                    self._memory.mergeable = mergeable(batch)
-            if msg[8] is not None:  # a slow batch: did it draw from the global RNGs?
+                    self._memory.mergeable = mergeable(msg.batch)
+            if msg.untouched is not None:  # a slow batch: did it draw from the global RNGs?
                 seen = self._memory.rng_untouched
-                self._memory.rng_untouched = msg[8] and seen is not False
+                self._memory.rng_untouched = msg.untouched and seen is not False
         else:
-            item = (k, _Failure(msg[3]), None)
+            item = (k, _Failure(msg.error), None)
         if k in self._splits:
             self._part_done(k, idx, item[1])
         else:
             self._ready[idx] = item
 
-    def _handle_group(self, wid: int, msg: tuple[Any, ...]) -> None:
+    def _handle_group(self, wid: int, msg: LoadedGroup) -> None:
         """Make the batches of a group ready, each at its own task index."""
-        batches = self._pool.decode(wid, msg)
-        first, busy, skipped = msg[2], msg[6], msg[7]
+        batches, first, skipped = msg.batches, msg.idx, msg.skipped
         self._outstanding[wid] -= len(batches)
         self._since[wid] = time.perf_counter()
-        self._stats.busy[wid] += busy
-        self._busy_sum += busy
+        self._stats.busy[wid] += msg.busy
+        self._busy_sum += msg.busy
         self._busy_n += len(batches)
         for j, batch in enumerate(batches, first):
             del self._task_worker[j]

@@ -43,21 +43,25 @@ import threading
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stoker import _torch
 from stoker._engine import _shm
+from stoker._engine._messages import (
+    LIFE,
+    Bye,
+    FromWorker,
+    Loaded,
+    LoadedGroup,
+    Ready,
+    Shipped,
+    Task,
+    ToIterator,
+    Work,
+)
 from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, add_note, decode, pack_tasks, safe_str, send
-from stoker._engine._worker import (
-    BYE,
-    INITED,
-    READY,
-    RngGuard,
-    WorkerArgs,
-    process_worker,
-    thread_worker,
-)
+from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
 from stoker._policy import slots_kept_free, steady_slots, thread_buffers
 from stoker.errors import WorkerError
 
@@ -79,8 +83,6 @@ _EXIT_WAIT_S = 5.0
 _ALIVE_CHECK_S = 0.5
 """How often a thread pool waiting for results checks that its threads live (a thread
 that ends says so; this catches one that could not)."""
-_CONTROL = frozenset((READY[0], INITED[0], BYE[0]))
-"""Messages about a worker's life (see :meth:`_Phases.note`), not about a task."""
 
 # The main process's ends of all live workers' pipes. A process forked later (another
 # loader's worker, or the user's own fork) must not keep them open, or a worker would never
@@ -131,12 +133,33 @@ class _ProcWorker:
         self.said_bye = False
         self.why: tuple[str, int] | None = None  # what ended it early, and its exit code
 
-    def keep_left(self, bye: tuple[Any, ...]) -> None:
+    def keep_left(self, bye: Bye) -> None:
         """Map (and so unlink) the slots a leaving worker handed over with its goodbye."""
         self.said_bye = True
-        self.why = bye[4] if len(bye) > 4 else None
-        for name, size in bye[3]:
+        self.why = bye.why  # type: ignore[assignment]  # a process's code is an int
+        for name, size in bye.kept or ():
             self.maps.keep(name, size)
+
+    def decode(self, msg: Shipped) -> Loaded | LoadedGroup:
+        """The batch (or group) of ``msg``, views of its slot (see :meth:`on_free`)."""
+        if msg.retired:
+            self.maps.drop(msg.retired)
+        slot = msg.slot
+        if slot is not None:
+            self.big_slots = slot[2] >= _EAGER_FREE_BYTES
+            self.out[slot[0]] = slot[1]
+        data = decode(slot, msg.payload, self.maps, self.on_free)
+        if msg.group:
+            return LoadedGroup(msg.generation, msg.idx, data, msg.busy, msg.skipped)
+        return Loaded(msg.generation, msg.idx, data, msg.busy, msg.skipped, msg.untouched)
+
+    def take_freed(self) -> list[int]:
+        """Slot ids freed since the last call (for the next message to this worker)."""
+        freed = self.freed
+        n = len(freed)
+        out = freed[:n]
+        del freed[:n]  # finalizers may append concurrently: keep what came after
+        return out
 
     def on_free(self, sid: int) -> None:
         """The last view of slot ``sid``'s batch died (a finalizer, any thread)."""
@@ -204,7 +227,7 @@ def _explain_unpicklable(exc: BaseException, parts: dict[str, Any], method: str)
 
 class _Phases:
     """Which workers are in their ``worker_init_fn`` (for the timeout's message), from the
-    messages about their life that a pool reads (:data:`_CONTROL`)."""
+    messages about their life that a pool reads (:data:`~stoker._engine._messages.LIFE`)."""
 
     def __init__(self, init_fn: Any) -> None:
         self.init_name = None
@@ -212,10 +235,9 @@ class _Phases:
             self.init_name = safe_str(getattr(init_fn, "__qualname__", None) or init_fn)
         self.in_init: set[int] = set()
 
-    def note(self, wid: int, msg: tuple[Any, ...]) -> bool:
+    def note(self, wid: int, msg: FromWorker) -> bool:
         """Take note of a life message of worker ``wid``; whether to pass it on."""
-        kind = msg[0]
-        if kind == READY[0]:
+        if type(msg) is Ready:
             if self.init_name is not None:
                 self.in_init.add(wid)
             return True  # the iterator's timeout counts from it
@@ -229,6 +251,60 @@ class _Phases:
 
 def _ended_text(why: str | None) -> str:
     return f"; it was ended by {why}" if why else ""
+
+
+class WorkerPool(Protocol):
+    """What :class:`~stoker._engine._multi.MultiWorkerIterator` uses of a pool: tasks out,
+    decoded messages in (see :mod:`stoker._engine._messages`), starts and shutdown.
+    :class:`ProcessPool` and :class:`ThreadPool` are the two."""
+
+    @property
+    def alive(self) -> bool:
+        """Whether the pool can still serve tasks."""
+
+    @property
+    def pending_start(self) -> bool:
+        """Whether some workers (within the start limit) are not started yet."""
+
+    @property
+    def lazy_start(self) -> bool:
+        """Whether to start one worker first and the others after the first batch."""
+
+    def start(self, count: int | None = None) -> None:
+        """Start the next ``count`` workers (default: all)."""
+
+    def limit_start(self, count: int) -> None:
+        """Let :meth:`start` start only the first ``count`` workers."""
+
+    def is_started(self, wid: int) -> bool:
+        """Whether worker ``wid`` was started."""
+
+    def started_pids(self) -> list[int]:
+        """The process ids of the workers started (none for threads)."""
+
+    def new_epoch(self) -> None:
+        """Persistent workers start another epoch."""
+
+    def send(self, wid: int, tasks: list[Task]) -> None:
+        """Send worker ``wid`` its tasks (with the slots freed since its last message)."""
+
+    def get(self, timeout_s: float) -> tuple[int, ToIterator] | None:
+        """The next (worker id, message), or None after ``timeout_s``."""
+
+    def buffered(self) -> tuple[int, ToIterator] | None:
+        """A (worker id, message) already received, or None; never waits."""
+
+    def flush_freed(self) -> None:
+        """Send the slots of big batches that died back to their workers now."""
+
+    def describe(self, wid: int) -> str:
+        """Worker ``wid`` in words, for error messages."""
+
+    def shared_memory_bytes(self) -> int:
+        """Bytes of shared memory mapped for batches now."""
+
+    def shutdown(self, grace_s: float = ...) -> None:
+        """Stop every worker."""
 
 
 class ProcessPool:
@@ -372,40 +448,30 @@ class ProcessPool:
         """'worker 1 (pid 42)', and ' in its worker_init_fn NAME' while it runs that."""
         return f"worker {wid} (pid {self.workers[wid].pid}){self._phases.doing(wid)}"
 
-    def send(self, wid: int, msg: Any) -> None:
-        """Send a message (a list of tasks, or freed slots) to worker ``wid``.
+    def send(self, wid: int, tasks: list[Task]) -> None:
+        """Send worker ``wid`` its tasks, and the slots freed since its last message.
 
         A worker that died is not reported here but by :meth:`get`, after the results it
         sent before dying have been read.
         """
         w = self.workers[wid]
         if w.unsent is not None:  # not started yet: sent right after its start
-            w.unsent.append(msg)
+            w.unsent.append(tasks)
             return
-        if type(msg) is list:
-            msg = pack_tasks(msg)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            send(w.conn, msg)
+            send(w.conn, Work(pack_tasks(tasks), w.take_freed()))
 
     def flush_freed(self) -> None:
-        """Return freed slots of big batches at once, not with the next task.
+        """Return freed slots of big batches at once, not with the next tasks.
 
         Creating a big slot costs page faults (~0.5 ms per MiB here); a small one costs
         less than the extra message.
         """
         for w in self.workers:
             if w.freed and w.big_slots:
-                self.send(w.wid, ("free", self.take_freed(w.wid)))
+                self.send(w.wid, [])
 
-    def take_freed(self, wid: int) -> list[int]:
-        """Slot ids of worker ``wid`` freed since the last call."""
-        freed = self.workers[wid].freed
-        n = len(freed)
-        out = freed[:n]
-        del freed[:n]  # finalizers may append concurrently: keep what came after
-        return out
-
-    def get(self, timeout_s: float) -> tuple[int, Any] | None:
+    def get(self, timeout_s: float) -> tuple[int, ToIterator] | None:
         """The next (worker id, message) from any worker, or None after ``timeout_s``.
 
         Raises:
@@ -414,21 +480,33 @@ class ProcessPool:
         deadline = time.monotonic() + timeout_s
         while True:
             got = self._get(max(0.0, deadline - time.monotonic()))
-            if got is None or got[1][0] not in _CONTROL or self._note(*got):
-                return got
+            if got is None:
+                return None
+            msg = self._note(*got)
+            if msg is not None:
+                return got[0], msg
 
-    def buffered(self) -> tuple[int, Any] | None:
+    def buffered(self) -> tuple[int, ToIterator] | None:
         """A (worker id, message) already read from a pipe, or None; no system call."""
         while True:
             got = self._buffered()
-            if got is None or got[1][0] not in _CONTROL or self._note(*got):
-                return got
+            if got is None:
+                return None
+            msg = self._note(*got)
+            if msg is not None:
+                return got[0], msg
 
-    def _note(self, wid: int, msg: tuple[Any, ...]) -> bool:
-        """Take note of a life message; whether to pass it on (see :class:`_Phases`)."""
-        if msg[0] == BYE[0]:  # it is leaving; its exit is seen next
-            self.workers[wid].keep_left(msg)
-        return self._phases.note(wid, msg)
+    def _note(self, wid: int, msg: FromWorker) -> ToIterator | None:
+        """What the iterator gets of worker ``wid``'s ``msg``: a batch decoded, a life
+        message noted (only :class:`Ready` passed on, see :class:`_Phases`)."""
+        kind = type(msg)
+        if kind is Shipped:
+            return self.workers[wid].decode(msg)  # type: ignore[arg-type]
+        if kind not in LIFE:
+            return msg  # type: ignore[return-value]
+        if kind is Bye:  # it is leaving; its exit is seen next
+            self.workers[wid].keep_left(msg)  # type: ignore[arg-type]
+        return msg if self._phases.note(wid, msg) else None  # type: ignore[return-value]
 
     def _get(self, timeout_s: float) -> tuple[int, Any] | None:
         got = self._buffered()
@@ -462,17 +540,6 @@ class ProcessPool:
             if msg is not None:
                 return w.wid, msg
         return None
-
-    def decode(self, wid: int, msg: tuple[Any, ...]) -> Any:
-        """The batch of an "ok" message from worker ``wid``."""
-        w = self.workers[wid]
-        slot, payload, retired = msg[3], msg[4], msg[5]  # [6]: busy s, [7]: skipped
-        if retired:
-            w.maps.drop(retired)
-        if slot is not None:
-            w.big_slots = slot[2] >= _EAGER_FREE_BYTES
-            w.out[slot[0]] = slot[1]
-        return decode(slot, payload, w.maps, w.on_free)
 
     def _died(self, w: _ProcWorker) -> None:
         w.proc.join(_EXIT_CODE_WAIT_S if w.why is None else 0.0)
@@ -508,7 +575,7 @@ class ProcessPool:
         were started go into ``leaving`` as they stop. Returns the segments to keep warm."""
         for w in self.workers:
             with contextlib.suppress(OSError, ValueError):
-                w.conn.send(None)
+                send(w.conn, None)
         deadline = time.monotonic() + grace_s
         warm: list[tuple[str, Any]] = []
         for w in self.workers:
@@ -562,7 +629,7 @@ def _said_bye(w: _ProcWorker, deadline: float) -> bool:
                 msg = w.inbox.recv()
         except (EOFError, OSError):  # it closed its end: it has exited, or is exiting
             return True
-        if msg[0] == BYE[0]:
+        if type(msg) is Bye:
             w.keep_left(msg)
             return True
 
@@ -678,13 +745,12 @@ class ThreadPool:
         """'worker thread 1', and ' in its worker_init_fn NAME' while it runs that."""
         return f"worker thread {wid}{self._phases.doing(wid)}"
 
-    def send(self, wid: int, msg: Any) -> None:
-        """Queue the tasks of a message for thread ``wid``."""
-        if type(msg) is list:
-            for task in msg:
-                self._inboxes[wid].put(task)
+    def send(self, wid: int, tasks: list[Task]) -> None:
+        """Queue tasks for thread ``wid``."""
+        for task in tasks:
+            self._inboxes[wid].put(task)
 
-    def buffered(self) -> tuple[int, Any] | None:
+    def buffered(self) -> tuple[int, ToIterator] | None:
         """A result already queued, or None (a dead worker is reported by :meth:`get`,
         after the results it sent before)."""
         while True:
@@ -692,17 +758,13 @@ class ThreadPool:
                 got = self._outbox.get_nowait()
             except queue.Empty:
                 return None
-            if got[1][0] not in _CONTROL or self._note(*got):
+            if type(got[1]) not in LIFE or self._note(*got):
                 return got
 
     def flush_freed(self) -> None:
         """Nothing to free: batches are ordinary objects."""
 
-    def take_freed(self, wid: int) -> list[int]:
-        """Nothing to free: batches are ordinary objects."""
-        return []
-
-    def get(self, timeout_s: float) -> tuple[int, Any] | None:
+    def get(self, timeout_s: float) -> tuple[int, ToIterator] | None:
         """The next (worker id, message), or None after ``timeout_s``.
 
         Raises:
@@ -720,12 +782,13 @@ class ThreadPool:
                 if left <= _ALIVE_CHECK_S:
                     return None
                 continue
-            if got[1][0] not in _CONTROL or self._note(*got):
+            if type(got[1]) not in LIFE or self._note(*got):
                 return got
 
-    def _note(self, wid: int, msg: tuple[Any, ...]) -> bool:
-        if msg[0] == BYE[0] and self._dead is None:  # raised by the next get()
-            self._dead = (wid, f"it was ended by {msg[4][0]}")
+    def _note(self, wid: int, msg: Any) -> bool:
+        if type(msg) is Bye and self._dead is None:  # raised by the next get()
+            why = msg.why[0] if msg.why is not None else "an unknown cause"
+            self._dead = (wid, f"it was ended by {why}")
         return self._phases.note(wid, msg)
 
     def _check_alive(self) -> None:
@@ -738,10 +801,6 @@ class ThreadPool:
     def _died(self, wid: int, why: str) -> None:
         self.shutdown(grace_s=0.0)
         raise WorkerError(f"DataLoader worker thread {wid} exited unexpectedly: {why}.")
-
-    def decode(self, wid: int, msg: tuple[Any, ...]) -> Any:
-        """The batch object of an "ok" message."""
-        return msg[4]
 
     def shutdown(self, grace_s: float = _STOP_GRACE_S) -> None:
         """Stop every thread; a thread stuck in user code is left to finish as a daemon.

@@ -11,9 +11,10 @@ raises, as a sequential load would.
 
 A thread worker about to wait for its inbox first helps any open job, then marks itself
 idle while it waits (:meth:`HelpBoard.next_message`); before each of its samples, the owner
-puts ``("help", job)`` into idle threads' inboxes, and a helper that reads it takes samples
-until none are left (:meth:`Job.work`). The owner takes samples too, so a batch never waits
-for a helper that has not come: it waits only for samples a helper has started. While it
+puts a :class:`~stoker._engine._messages.Help` into idle threads' inboxes, and a helper that
+reads it takes samples until none are left (:meth:`Job.work`). The owner takes samples too,
+so a batch never waits for a helper that has not come: it waits only for samples a helper
+has started. While it
 helps, a thread answers ``get_worker_info()`` as the owner does: the samples of a batch are
 all loaded by the worker that torch would have given the batch.
 """
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from stoker._engine._messages import Help
 from stoker._policy import THREAD_SPLIT_MIN_S
 from stoker._worker_info import get_worker_info, set_worker_info
 
@@ -153,4 +155,4 @@ class HelpBoard:
             helpers = list(self._idle)[: job.left() - 1]
             self._idle.difference_update(helpers)
         for wid in helpers:
-            self._inboxes[wid].put(("help", job))
+            self._inboxes[wid].put(Help(job))

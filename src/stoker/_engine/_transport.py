@@ -32,6 +32,7 @@ worker's traceback when the type cannot be rebuilt (PyTorch issue 30147).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import pickle
@@ -43,15 +44,17 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from stoker import _torch
 from stoker._collate import numpy_dtype
 from stoker._engine._interrupts import deferred
+from stoker._engine._messages import Task, from_wire, to_wire
 from stoker._engine._shm import ALIGN, Arena, SegmentMaps, _round_up
 
+_T = TypeVar("_T")
 _NUMPY = "n"
 _TORCH = "t"
 _EMPTY = "e"
@@ -64,20 +67,29 @@ _INT32 = struct.Struct("!i")
 
 
 def dumps(msg: Any) -> bytes:
-    """A message as bytes for ``Connection.send_bytes`` (protocol 5: index arrays pickle
-    about twice as fast as with ``Connection.send``'s protocol)."""
-    return pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+    """A message as the bytes of a frame (protocol 5: index arrays pickle about twice as
+    fast as with ``Connection.send``'s protocol; a message's wire form, see
+    :func:`~stoker._engine._messages.to_wire`)."""
+    return pickle.dumps(to_wire(msg), pickle.HIGHEST_PROTOCOL)
+
+
+def framed(data: bytes) -> list[bytes]:
+    """``data`` framed as ``Connection.send_bytes`` frames it: a 4-byte big-endian length,
+    or for 2 GiB and more -1 and an 8-byte length; then the data.
+
+    >>> framed(b"ab"), [len(part) for part in framed(bytes(4))]
+    ([b'\\x00\\x00\\x00\\x02', b'ab'], [4, 4])
+    """
+    if len(data) >= 1 << 31:  # Connection's long frame
+        return [_INT32.pack(-1) + _LONG_SIZE.pack(len(data)), data]
+    return [_INT32.pack(len(data)), data]
 
 
 def send(conn: Any, msg: Any) -> None:
     """Send ``msg`` on ``conn`` framed as ``Connection.send_bytes`` frames it, but in one
     write: ``send_bytes`` writes a message over 16 KiB as two (the length, then the data),
     which wakes the reader twice."""
-    data = dumps(msg)
-    if len(data) >= 1 << 31:  # Connection's long frame
-        conn.send_bytes(data)
-    else:
-        write_all(conn.fileno(), [_INT32.pack(len(data)), data])
+    write_all(conn.fileno(), framed(dumps(msg)))
 
 
 def write_all(fd: int, chunks: list[bytes]) -> None:
@@ -87,25 +99,26 @@ def write_all(fd: int, chunks: list[bytes]) -> None:
         view = view[os.write(fd, view) :]
 
 
-def pack_tasks(tasks: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Tasks ``(generation, index, task, seed, freed)`` for the pipe, each with a sixth field:
-    1-D integer index arrays travel as raw bytes and that field holds their dtype (about ten
-    times cheaper to pickle than the array); other tasks as they are, with None. A group of
-    tiny batches (``task`` a list of tasks, ``seed`` a tuple, see :func:`stoker._policy.group_size`)
-    has ``("g", dtype)`` there, its index arrays joined in one bytes object with their lengths.
+def pack_tasks(tasks: list[Task]) -> list[tuple[Any, ...]]:
+    """Tasks as plain tuples for the pipe (a NamedTuple pickles several times slower), each
+    with how its indices travel: 1-D integer index arrays as raw bytes, with their dtype
+    (about ten times cheaper to pickle than the array); other tasks as they are, with None.
+    A group of tiny batches (``task`` a list of tasks, ``seed`` a tuple, see
+    :func:`stoker._policy.group_size`) has ``("g", dtype)``, its index arrays joined in one
+    bytes object with their lengths.
     """
     out: list[tuple[Any, ...]] = []
-    for gen, idx, task, seed, freed in tasks:
+    for gen, idx, task, seed, _ in tasks:
         if type(seed) is tuple:
             dtypes = {t.dtype.str if _index_array(t) else None for t in task}
             dtype = dtypes.pop() if len(dtypes) == 1 else None
             if dtype is not None:
                 task = (b"".join(t.tobytes() for t in task), [len(t) for t in task])
-            out.append((gen, idx, task, seed, freed, ("g", dtype)))
+            out.append((gen, idx, task, seed, ("g", dtype)))
         elif _index_array(task):
-            out.append((gen, idx, task.tobytes(), seed, freed, task.dtype.str))
+            out.append((gen, idx, task.tobytes(), seed, task.dtype.str))
         else:
-            out.append((gen, idx, task, seed, freed, None))
+            out.append((gen, idx, task, seed, None))
     return out
 
 
@@ -113,24 +126,26 @@ def _index_array(task: Any) -> bool:
     return type(task) is np.ndarray and task.ndim == 1 and task.dtype.kind in "iu"
 
 
-def unpack_task(task: Any, dtype: str | tuple[str, str | None] | None) -> Any:
-    """The task of a :func:`pack_tasks` entry (writable arrays again; a list for a group).
+def unpack_task(packed: tuple[Any, ...]) -> Task:
+    """The :class:`~stoker._engine._messages.Task` of a :func:`pack_tasks` entry (writable
+    arrays again; a list for a group).
 
-    >>> unpack_task(*pack_tasks([(0, 0, np.arange(3), 0, [])])[0][2::3])
+    >>> unpack_task(pack_tasks([Task(0, 0, np.arange(3), 0)])[0]).task
     array([0, 1, 2])
-    >>> group = (0, 0, [np.arange(2), np.arange(1)], (0, 0, [0, 1]), [])
-    >>> unpack_task(*pack_tasks([group])[0][2::3])
+    >>> group = Task(0, 0, [np.arange(2), np.arange(1)], (0, 0, [0, 1]))
+    >>> unpack_task(pack_tasks([group])[0]).task
     [array([0, 1]), array([0])]
     """
+    gen, idx, task, seed, dtype = packed
     if dtype is None:
-        return task
+        return Task(gen, idx, task, seed)
     if type(dtype) is tuple:
-        if dtype[1] is None:
-            return task
-        data, lengths = task
-        flat = np.frombuffer(data, dtype[1]).copy()
-        return np.split(flat, np.cumsum(lengths[:-1])) if len(lengths) > 1 else [flat]
-    return np.frombuffer(task, dtype).copy()
+        if dtype[1] is not None:
+            data, lengths = task
+            flat = np.frombuffer(data, dtype[1]).copy()
+            task = np.split(flat, np.cumsum(lengths[:-1])) if len(lengths) > 1 else [flat]
+        return Task(gen, idx, task, seed)
+    return Task(gen, idx, np.frombuffer(task, dtype).copy(), seed)
 
 
 def frame(buf: bytearray) -> tuple[int, int] | None:
@@ -199,7 +214,7 @@ class Inbox:
 
     def _pop(self, span: tuple[int, int]) -> Any:
         start, end = span
-        msg = pickle.loads(self.buf[start:end])
+        msg = from_wire(pickle.loads(self.buf[start:end]))
         del self.buf[:end]
         return msg
 
@@ -234,13 +249,9 @@ class Outbox:
 
     def send(self, msg: Any, hold: bool = False) -> None:
         """Send ``msg`` after what is held, or (``hold``) hold it too."""
-        data = dumps(msg)
-        if len(data) >= 1 << 31:  # Connection's long frame
-            self.flush()
-            self.conn.send_bytes(data)
-            return
+        chunks = framed(dumps(msg))
         with self._lock:
-            self._held += (_INT32.pack(len(data)), data)
+            self._held += chunks
             if not hold:
                 self._write()
             elif len(self._held) == 2:  # the first held: the helper writes it when due
@@ -293,8 +304,9 @@ _PLAIN = frozenset({tuple, list, dict, str, bytes, int, float, bool, type(None)}
 class _Encoder(pickle.Pickler):
     """Pickles a batch, placing array and tensor leaves in the arena's current slot."""
 
-    def __init__(self, file: io.BytesIO | None, arena: Arena) -> None:
-        super().__init__(file or io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, arena: Arena) -> None:
+        self.file = io.BytesIO()
+        super().__init__(self.file, protocol=pickle.HIGHEST_PROTOCOL)
         self.arena = arena
         self.missing = 0
         self.torch = _torch.loaded()
@@ -395,19 +407,39 @@ def _fast_refs(batches: list[Any], arena: Arena) -> list[tuple[int, list[Any]]] 
                     return None
             elif torch is None or lt is not torch.Tensor:
                 return None
-    for _ in range(2):
-        enc = _Encoder(None, arena)
+
+    def refs(enc: _Encoder) -> list[tuple[int, list[Any]]] | None:
         out = []
         for data in batches:
             pids = [enc.persistent_id(leaf) for leaf in data]
             if None in pids:  # a tensor the pickler must handle (needs grad, ...)
                 return None
             out.append((0 if type(data) is tuple else 1, pids))
-        if not enc.missing:
-            return out
+        return out
+
+    return _placing(arena, refs)
+
+
+def _pickled(enc: _Encoder, data: Any) -> bytes:
+    enc.dump(data)
+    return enc.file.getvalue()
+
+
+def _placing(arena: Arena, place: Callable[[_Encoder], _T | None]) -> _T | None:
+    """``place(encoder)``, the leaves it meets placed in the arena's current slot; when the
+    slot was too small (a first batch, or a bigger one), again in a slot that holds every
+    leaf (copied in anew; the arena remembers the size for the next batches). None when
+    ``place`` gives up (a leaf the fast path cannot take)."""
+    enc = _Encoder(arena)
+    out = place(enc)
+    if out is not None and enc.missing:
         used = arena.current.used if arena.current is not None else 0
-        arena.regrow(used + enc.missing)  # as encode() does; the second round fits
-    raise RuntimeError("stoker internal error: a regrown slot still lacks room.")
+        arena.regrow(used + enc.missing)
+        enc = _Encoder(arena)
+        out = place(enc)
+        if enc.missing:  # pragma: no cover - regrow() made room for all of them
+            raise RuntimeError("stoker internal error: a regrown slot still lacks room.")
+    return out
 
 
 def encode(
@@ -424,20 +456,9 @@ def encode(
     fast = _fast_refs(data if group else [data], arena)
     if fast is not None:
         return _finish(arena), (_GROUP, fast) if group else fast[0]
-    buf = io.BytesIO()
-    enc = _Encoder(buf, arena)
-    enc.dump(data)
-    if enc.missing:
-        # The slot was too small (first batch, or a bigger one): take a slot that holds
-        # every leaf, copy them all in, and remember the size for the next batches.
-        used = arena.current.used if arena.current is not None else 0
-        arena.regrow(used + enc.missing)
-        buf = io.BytesIO()
-        enc = _Encoder(buf, arena)
-        enc.dump(data)
-        if enc.missing:  # pragma: no cover - regrow() made room for all of them
-            raise RuntimeError("stoker internal error: a regrown slot still lacks room.")
-    return _finish(arena), buf.getvalue()
+    payload = _placing(arena, functools.partial(_pickled, data=data))
+    assert payload is not None
+    return _finish(arena), payload
 
 
 def _finish(arena: Arena) -> tuple[int, str, int] | None:

@@ -1,32 +1,17 @@
 """The worker loop: seeding, worker info, fetching tasks and sending results back.
 
-:func:`process_worker` is the entry point of a worker process (module level, picklable
-arguments only, so spawn and forkserver work); :func:`thread_worker` runs the same loop in a
-thread of the main process with the in-process transport.
+One loop (:func:`_serve`) serves process and thread workers alike through a sink, which
+says how tasks come in and results go out: :class:`_ShmSink` for a worker process (tasks
+from its pipe, batches written into shared-memory slots, their metadata back on the pipe)
+and :class:`_QueueSink` for a worker thread (tasks from its queue, batch objects into the
+pool's queue). :func:`process_worker` is a process's entry point (module level, picklable
+arguments only, so spawn and forkserver work); :func:`thread_worker` a thread's.
 
-Messages, main -> worker: a list of tasks ``(generation, index, task, seed,
-freed_slot_ids, dtype)`` (see :func:`~stoker._engine._transport.pack_tasks`; all the
-tasks the main process had for this worker at once: one pipe message, one wake-up; a
-group of tiny batches is one task, its ``task`` a list and its ``seed`` ``(seed, epoch,
-batch numbers)``; an iterable dataset's ``seed`` is its worker's for the epoch, see
-:func:`worker_seed`), ``("free", freed_slot_ids)``, or ``None`` (stop). Worker -> main:
-``("ok", generation, index, slot, payload, retired_segments, busy_seconds, skipped,
-untouched)`` (busy: the fetch + collate time, for ``loader.statistics()``; skipped: None, or
-the samples left out with ``skip_errors``, see :meth:`~stoker._fetch.MapFetcher.fetch_skipping`;
-untouched: for a slow batch, whether the global RNGs were left alone, else None),
-``("okg", generation, index, slot, payload, retired_segments, busy_seconds, skipped, None)``
-(a group of tiny batches, task indices ``index``, ``index + 1``, ...: the payload is their
-list, a :class:`RemoteError` in place of each that raised; skipped: None or a list),
-``("end", generation, index)`` (an iterable dataset is exhausted) or
-``("err", generation, index, RemoteError)``; :data:`READY` once started (``timeout``
-counts from it), :data:`INITED` after ``worker_init_fn`` (when there is one), or
-``("err", -1, -1, RemoteError)`` when start-up failed, and :data:`BYE` + ``(kept, why)``
-last of all (kept: ``(name, size)`` of slots left for the main process to keep: those it
-never saw, see ``WorkerArgs.hand_off``, or, from a worker ending early, those it may not
-have mapped yet; why: None, or, from a worker ending early, (what ended it, its exit
-code)). A worker ends early, as in torch, when the dataset or ``worker_init_fn`` raises a
-``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``...):
-a process exits with its code, a thread ends; the main process reports a dead worker.
+The messages are in :mod:`stoker._engine._messages`. A worker ends early, as in torch,
+when the dataset or ``worker_init_fn`` raises a ``BaseException`` that is not an
+``Exception`` (``SystemExit``, ``KeyboardInterrupt``...): a process exits with its code, a
+thread ends; its :class:`~stoker._engine._messages.Bye` says why, and the main process
+reports a dead worker.
 """
 
 from __future__ import annotations
@@ -49,6 +34,19 @@ import numpy.random  # loaded once here, not in each new worker (~8 ms each)
 
 from stoker import _torch
 from stoker._engine._buffers import BufferPool
+from stoker._engine._messages import (
+    Bye,
+    Exhausted,
+    Failed,
+    Help,
+    Inited,
+    Loaded,
+    LoadedGroup,
+    Ready,
+    Shipped,
+    StartFailed,
+    Task,
+)
 from stoker._engine._pin import pin
 from stoker._engine._shm import Arena, unlink_prefix
 from stoker._engine._split import HelpBoard
@@ -57,6 +55,7 @@ from stoker._engine._transport import (
     Outbox,
     RemoteError,
     encode,
+    send,
     unpack_task,
 )
 from stoker._fetch import IterableFetcher, MapFetcher
@@ -65,12 +64,6 @@ from stoker._random import batch_seeds, call_seeded, globals_untouched, mix_seed
 from stoker._worker_info import WorkerInfo, get_worker_info, set_worker_info
 
 _PR_SET_PDEATHSIG = 1
-BYE = ("bye", -1, -3)
-"""A worker's last message: its slots are closed and it is exiting."""
-READY = ("ready", -1, -2)
-"""A worker is up (imports, seeding done); next it runs ``worker_init_fn``, if any."""
-INITED = ("inited", -1, -4)
-"""A worker's ``worker_init_fn`` returned."""
 
 _NEW_EPOCH_WAIT_S = 1.0
 """How long a new epoch of persistent thread workers waits for a seeded fetch still in
@@ -291,9 +284,17 @@ class _Ended(Exception):
         self.code = code if isinstance(code, int) else int(code is not None)  # as Python exits
 
 
-def _init(args: WorkerArgs, send: Callable[[Any], None]) -> bool:
-    """Run ``worker_init_fn`` (then send :data:`INITED`); False when it raised an Exception
-    (sent as the start-up error), :class:`_Ended` for any other BaseException."""
+def _start(args: WorkerArgs, sink: _Sink, whole_process: bool) -> bool:
+    """Set the worker up, send :class:`Ready`, run ``worker_init_fn`` (then send
+    :class:`Inited`); False when either raised an Exception (sent as :class:`StartFailed`),
+    :class:`_Ended` for any other BaseException from ``worker_init_fn``."""
+    try:
+        _setup(args, whole_process)
+    except Exception as exc:
+        who = f"worker thread {args.worker_id}" if args.in_thread else f"worker {args.worker_id}"
+        sink.send(StartFailed(RemoteError(exc, f"{who} start-up", keep_object=args.in_thread)))
+        return False
+    sink.send(Ready())
     init = args.worker_init_fn
     if init is None:
         return True
@@ -303,12 +304,12 @@ def _init(args: WorkerArgs, send: Callable[[Any], None]) -> bool:
         raise
     except Exception as exc:
         where = f"{_where(args, None)} start-up"
-        send(("err", -1, -1, RemoteError(exc, where, keep_object=args.in_thread)))
+        sink.send(StartFailed(RemoteError(exc, where, keep_object=args.in_thread)))
         return False
     except BaseException as exc:
         name = getattr(init, "__qualname__", type(init).__qualname__)
         raise _Ended(exc, f"{_where(args, None)}'s worker_init_fn {name}") from None
-    send(INITED)
+    sink.send(Inited())
     return True
 
 
@@ -357,25 +358,18 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
     arena = Arena(args.prefix, args.keep_free, args.window, args.steady, args.num_workers)
     arena.adopt(args.warm)
     args.warm = []
+    sink = _ShmSink(args, conn, arena)
     kept: list[tuple[str, int]] = []
     ended: _Ended | None = None
     try:
         _watch_parent()
-        try:
-            _setup(args, whole_process=True)
-        except Exception as exc:
-            conn.send(("err", -1, -1, RemoteError(exc, f"worker {args.worker_id} start-up")))
-            return
-        conn.send(READY)
-        if not _init(args, conn.send):
-            return
-        outbox = Outbox(conn)
-        try:
-            _serve(args, conn, outbox, arena)
-        finally:
-            outbox.close()
-        if args.hand_off:  # told to stop: the main process keeps the slots it never saw
-            kept = arena.hand_off()
+        if _start(args, sink, whole_process=True):
+            try:
+                _serve(args, sink)
+            finally:
+                sink.outbox.close()
+            if args.hand_off:  # told to stop: the main process keeps the slots it never saw
+                kept = arena.hand_off()
     except (_ParentDied, EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone: clean up below and exit quietly
     except _Ended as exc:
@@ -387,24 +381,36 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         # must not interrupt the cleanup it would trigger.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         arena.close()
-        # This worker writes no slot from here on: the main process may hand them on and
-        # stop waiting (it reaps the exit, ~5 ms of address-space teardown, in the back).
-        try:
-            why = None if ended is None else (ended.remote.summary(), ended.code)
-            conn.send((*BYE, kept, why))
-        except (OSError, ValueError):  # nobody to take them: unlink them too
-            unlink_prefix(args.prefix)
-        # What is left of a forked worker is the exit: tearing down this copy of the main
-        # process's address space (~5 ms with torch loaded). At the lowest priority, it
-        # waits for a free core instead of taking one from the main process or the other
-        # workers still loading. Not a spawned worker (``hand_off`` is for fork only): its
-        # exit runs the interpreter's finalization, which on a busy machine would starve
-        # for seconds at that priority, and workers must be gone soon after the loop ends.
-        # Nor a worker ending early: the main process waits for its exit code.
-        if ended is None and args.hand_off:
-            with contextlib.suppress(OSError):
-                os.nice(19)
-    code = 0 if ended is None else ended.code  # the main process was told why
+        _say_bye(args, conn, kept, ended)
+    _exit(args, ended)
+
+
+def _say_bye(
+    args: WorkerArgs, conn: Any, kept: list[tuple[str, int]], ended: _Ended | None
+) -> None:
+    """Send :class:`Bye`: this worker writes no slot from here on, so the main process may
+    hand them on and stop waiting (it reaps the exit, ~5 ms of address-space teardown, in
+    the back)."""
+    try:
+        why = None if ended is None else (ended.remote.summary(), ended.code)
+        send(conn, Bye(kept, why))
+    except (OSError, ValueError):  # nobody to take them: unlink them too
+        unlink_prefix(args.prefix)
+    # What is left of a forked worker is the exit: tearing down this copy of the main
+    # process's address space (~5 ms with torch loaded). At the lowest priority, it
+    # waits for a free core instead of taking one from the main process or the other
+    # workers still loading. Not a spawned worker (``hand_off`` is for fork only): its
+    # exit runs the interpreter's finalization, which on a busy machine would starve
+    # for seconds at that priority, and workers must be gone soon after the loop ends.
+    # Nor a worker ending early: the main process waits for its exit code.
+    if ended is None and args.hand_off:
+        with contextlib.suppress(OSError):
+            os.nice(19)
+
+
+def _exit(args: WorkerArgs, ended: _Ended | None) -> None:
+    """End the worker process with the exit code its :class:`Bye` said."""
+    code = 0 if ended is None else ended.code
     if not args.hand_off:
         # A spawned or forkserver worker would exit through the interpreter's finalization,
         # seconds with torch loaded on a busy machine, while the main process waits for it
@@ -417,236 +423,293 @@ def process_worker(args: WorkerArgs, conn: Any) -> None:
         raise SystemExit(code)
 
 
-def _serve(args: WorkerArgs, conn: Any, outbox: Outbox, arena: Arena) -> None:
-    fetcher = args.fetcher
-    iterable = isinstance(fetcher, IterableFetcher)
-    generation = None
-    pending: collections.deque[Any] = collections.deque()
-    inbox = Inbox(conn.fileno())
-    while True:
-        # Read everything already sent before taking a slot: free-slot notices sent after
-        # queued tasks then count before the next batch (no new slot for nothing).
-        while not pending or inbox.readable():
-            if not pending:
-                outbox.flush()  # nothing is held while the worker waits
-            msg = inbox.recv()
-            if msg is None:
-                return
-            if type(msg) is list:
-                if pending and msg and msg[0][0] != pending[-1][0]:
-                    _drop_abandoned(pending, arena)
-                pending.extend(msg)
-            else:
-                arena.release(msg[1])
-        gen, index, task, seed, freed, dtype = pending.popleft()
-        task = unpack_task(task, dtype)
-        if freed:
-            arena.release(freed)
-        first = gen != generation  # an epoch's first batch is never held back
-        if first:
-            generation = gen
-            _reset_fetcher(fetcher)
-            if iterable and _enter_epoch(args, seed, whole_process=True):
-                seed_globals(seed, every_device=True)  # its draws go on through the epoch
-        if iterable and fetcher.ended:  # type: ignore[union-attr]
-            outbox.send(("end", gen, index))
-            continue
-        if type(seed) is tuple:  # a group of tiny batches: one slot, one message
-            try:
-                replies = _fetch_group(args, arena, gen, index, task, seed, bool(pending))
-            except _ParentDied:
-                raise
-            except BaseException as exc:  # as for a single batch (below)
-                arena.abort()
-                raise _Ended(exc, _where(args, None)) from None
-            for reply in replies:
-                outbox.send(reply)
-            continue
-        started = time.perf_counter()
-        if fetcher.draws and not iterable:
-            seed_globals(seed)
-        try:
-            # Inside: making the slot (for a later batch too) may find /dev/shm full.
-            arena.begin(ahead=bool(pending))
-            data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
-            slot, payload = encode(data, arena)
-            del data
-        except StopIteration:
-            arena.abort()
-            if not iterable:
-                outbox.send(("err", gen, index, _stop_iteration_error(args, task)))
-            else:
-                outbox.send(("end", gen, index))
-            continue
-        except Exception as exc:
-            arena.abort()
-            outbox.send(("err", gen, index, RemoteError(exc, _where(args, task))))
-            continue
-        except _ParentDied:
-            raise
-        except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
-            arena.abort()
-            raise _Ended(exc, _where(args, task)) from None
-        busy = time.perf_counter() - started
-        retired = arena.take_retired()
-        # For a slow batch, whether the dataset left the global RNGs alone: then its parts
-        # can be loaded by several workers (see stoker._engine._tail).
-        slow = busy >= TAIL_SPLIT_MIN_S and not iterable
-        untouched = (not fetcher.draws or globals_untouched(seed)) if slow else None
-        reply = ("ok", gen, index, slot, payload, retired, busy, skipped, untouched)
-        outbox.send(reply, hold=bool(pending) and busy < FAST_BATCH_S and not first)
-
-
-def _fetch_group(
-    args: WorkerArgs,
-    arena: Arena,
-    gen: int,
-    index: int,
-    tasks: list[Any],
-    seed: tuple[int, int, list[int]],
-    ahead: bool,
-) -> list[tuple[Any, ...]]:
-    """The replies to a group of tiny batches (task indices ``index``, ``index + 1``, ...):
-    one ``"okg"`` message whose payload is the list of the batches (or of the
-    :class:`RemoteError` of those that raised), all written into one slot. Each batch is
-    seeded from (seed, epoch, its own batch number), as a batch sent alone. The finished
-    batches wait for the group's last one: only batches measured to load in well under a
-    millisecond are grouped (see :func:`~stoker._policy.group_size`)."""
-    base, epoch, ks = seed
-    fetcher = args.fetcher
-    started = time.perf_counter()
-    try:
-        arena.begin(ahead=ahead)  # may find /dev/shm full: every batch of the group says so
-    except Exception as exc:
-        err = RemoteError(exc, _where(args, None))
-        return [("err", gen, index + j, err) for j in range(len(tasks))]
-    batches: list[Any] = []
-    skips: list[Any] = []
-    seeds = batch_seeds(base, epoch, ks) if fetcher.draws else [None] * len(tasks)
-    for k_seed, task in zip(seeds, tasks, strict=True):
-        if k_seed is not None:
-            seed_globals(k_seed)
-        skipped = None
-        try:
-            data, skipped = fetcher.fetch_skipping(task, alloc=arena.alloc)
-        except StopIteration:
-            data = _stop_iteration_error(args, task)
-        except Exception as exc:
-            data = RemoteError(exc, _where(args, task))
-        batches.append(data)
-        skips.append(skipped)
-    try:
-        slot, payload = encode(batches, arena, group=True)
-    except Exception as exc:  # a batch that cannot cross (pickling failed): each one says so
-        arena.abort()
-        err = RemoteError(exc, _where(args, None))
-        return [("err", gen, index + j, err) for j in range(len(tasks))]
-    busy = time.perf_counter() - started
-    any_skipped = skips if any(s is not None for s in skips) else None
-    return [("okg", gen, index, slot, payload, arena.take_retired(), busy, any_skipped, None)]
-
-
-def _drop_abandoned(pending: collections.deque[Any], arena: Arena) -> None:
-    """Forget the queued tasks of an epoch the main process abandoned (it started another:
-    their results would be dropped); the slots they gave back are free all the same."""
-    for task in pending:
-        if task[4]:
-            arena.release(task[4])
-    pending.clear()
-
-
-def _stop_iteration_error(args: WorkerArgs, task: Any) -> RemoteError:
-    err = RuntimeError("a map-style dataset raised StopIteration while fetching a batch.")
-    return RemoteError(err, _where(args, task))
-
-
 def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
     """A worker thread: the same loop as a process, passing batch objects (in-process).
 
     Whatever the dataset throws that is not an ``Exception`` (``sys.exit()``,
     ``KeyboardInterrupt``...) ends the thread as it would end a process: its last message,
-    :data:`BYE` with what ended it, tells the main process that the worker is dead.
+    :class:`Bye` with what ended it, tells the main process that the worker is dead.
 
     Args:
         args: the worker's settings.
         inbox: a ``queue.SimpleQueue`` of tasks (``None`` stops the thread).
         outbox: the queue shared by all threads, of ``(worker_id, message)``.
     """
-    wid = args.worker_id
+    sink = _QueueSink(args, inbox, outbox)
     try:
-        _serve_thread(args, inbox, outbox)
+        if _start(args, sink, whole_process=False):
+            _serve(args, sink)
     except _Ended as exc:
-        outbox.put((wid, (*BYE, None, (exc.remote.summary(), None))))
+        sink.send(Bye(None, (exc.remote.summary(), None)))
     except BaseException as exc:  # stoker's own code failed: still a dead worker, saying why
-        why = RemoteError(exc, f"worker thread {wid}", keep_object=True).summary()
-        outbox.put((wid, (*BYE, None, (why, None))))
+        remote = RemoteError(exc, f"worker thread {args.worker_id}", keep_object=True)
+        sink.send(Bye(None, (remote.summary(), None)))
     finally:
         set_worker_info(None, whole_process=False)
 
 
-def _serve_thread(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
-    wid = args.worker_id
+class _Sink:
+    """How a worker's tasks come in and its results go out (see the module docstring)."""
+
+    def __init__(self, args: WorkerArgs) -> None:
+        self.args = args
+        self.fetcher = args.fetcher
+
+    def send(self, msg: Any) -> None:
+        """Send a message about the worker's life or a task, now."""
+        raise NotImplementedError
+
+    def next_task(self) -> Task | None:
+        """The next task, or None when told to stop (waits for one)."""
+        raise NotImplementedError
+
+    def epoch(self, seed: int) -> None:
+        """An iterable dataset's new epoch, its worker seeded from ``seed``."""
+        raise NotImplementedError
+
+    def seed_for(self, task: Task) -> int | None:
+        """The seed to fetch ``task``'s batch under, or None: unseeded."""
+        raise NotImplementedError
+
+    def begin(self) -> None:
+        """Before fetching a task's batch (or a group's)."""
+
+    def fetch(self, indices: Any, seed: int | None) -> tuple[Any, Any]:
+        """The batch of ``indices`` (seeded from ``seed``, unless None) and its skipped."""
+        raise NotImplementedError
+
+    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
+        """Send a task's batch, fetched since ``started`` (``first``: the epoch's first)."""
+        raise NotImplementedError
+
+    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
+        """Send a group's batches (a :class:`RemoteError` for each that raised)."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """A fetch failed: drop what :meth:`begin` took."""
+
+    def fail_all(self, task: Task, exc: Exception) -> None:
+        """Send one :class:`Failed` for each batch of ``task`` (a group's), raised ``exc``."""
+        err = RemoteError(exc, _where(self.args, None), keep_object=self.args.in_thread)
+        for j in range(len(task.task)):
+            self.send(Failed(task.generation, task.idx + j, err))
+
+
+class _ShmSink(_Sink):
+    """A worker process's: tasks from its pipe, batches into shared memory (one slot each,
+    or a group's), their metadata back on the pipe, held briefly when they are fast."""
+
+    def __init__(self, args: WorkerArgs, conn: Any, arena: Arena) -> None:
+        super().__init__(args)
+        self.arena = arena
+        self.inbox = Inbox(conn.fileno())
+        self.outbox = Outbox(conn)
+        self.pending: collections.deque[Task] = collections.deque()
+        self.iterable = isinstance(args.fetcher, IterableFetcher)
+
+    def send(self, msg: Any) -> None:
+        self.outbox.send(msg)
+
+    def next_task(self) -> Task | None:
+        pending, inbox = self.pending, self.inbox
+        # Read everything already sent before taking a slot: slots freed after queued tasks
+        # were sent then count before the next batch (no new slot for nothing).
+        while not pending or inbox.readable():
+            if not pending:
+                self.outbox.flush()  # nothing is held while the worker waits
+            work = inbox.recv()
+            if work is None:
+                return None
+            if work.freed:
+                self.arena.release(work.freed)
+            tasks = [unpack_task(t) for t in work.tasks]
+            if pending and tasks and tasks[0].generation != pending[-1].generation:
+                pending.clear()  # an epoch the main process abandoned: results unwanted
+            pending.extend(tasks)
+        return pending.popleft()
+
+    def epoch(self, seed: int) -> None:
+        if _enter_epoch(self.args, seed, whole_process=True):
+            seed_globals(seed, every_device=True)  # its draws go on through the epoch
+
+    def seed_for(self, task: Task) -> int | None:
+        return task.seed if self.fetcher.draws and not self.iterable else None
+
+    def begin(self) -> None:
+        # Making the slot (for a later batch too) may find /dev/shm full.
+        self.arena.begin(ahead=bool(self.pending))
+
+    def fetch(self, indices: Any, seed: int | None) -> tuple[Any, Any]:
+        if seed is not None:
+            seed_globals(seed)
+        return self.fetcher.fetch_skipping(indices, alloc=self.arena.alloc)
+
+    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
+        slot, payload = encode(data, self.arena)
+        busy = time.perf_counter() - started
+        # For a slow batch, whether the dataset left the global RNGs alone: then its parts
+        # can be loaded by several workers (see stoker._engine._tail).
+        untouched = None
+        if busy >= TAIL_SPLIT_MIN_S and not self.iterable:
+            untouched = not self.fetcher.draws or globals_untouched(task.seed)
+        retired = self.arena.take_retired()
+        msg = Shipped(task.generation, task.idx, slot, payload, retired, busy, skipped, untouched)
+        self.outbox.send(msg, hold=bool(self.pending) and busy < FAST_BATCH_S and not first)
+
+    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
+        try:
+            slot, payload = encode(batches, self.arena, group=True)
+        except Exception as exc:  # a batch that cannot cross (pickling failed): each says so
+            self.arena.abort()
+            self.fail_all(task, exc)
+            return
+        busy = time.perf_counter() - started
+        skipped = skips if any(s is not None for s in skips) else None
+        retired = self.arena.take_retired()
+        msg = Shipped(task.generation, task.idx, slot, payload, retired, busy, skipped, None, True)
+        self.send(msg)
+
+    def abort(self) -> None:
+        self.arena.abort()
+
+
+class _QueueSink(_Sink):
+    """A worker thread's: tasks (and offers of help, see :mod:`stoker._engine._split`) from
+    its queue, batch objects (pinned, if asked) into the pool's queue."""
+
+    def __init__(self, args: WorkerArgs, inbox: Any, outbox: Any) -> None:
+        super().__init__(args)
+        self.inbox = inbox
+        self.outbox = outbox
+        self.iterable = isinstance(args.fetcher, IterableFetcher)
+        self.fetched = 0  # batches of an iterable dataset this epoch
+        board = args.board
+        assert args.rng_guard is not None and board is not None
+        self.guard, self.board = args.rng_guard, board
+        alloc = args.buffers.alloc if args.buffers is not None else None
+        self.whole = functools.partial(self.fetcher.fetch_skipping, alloc=alloc)
+        self.split = self.whole
+        if isinstance(self.fetcher, MapFetcher):
+            self.split = functools.partial(
+                self.fetcher.fetch_skipping, alloc=alloc, map_fn=board.map
+            )
+
+    def send(self, msg: Any) -> None:
+        self.outbox.put((self.args.worker_id, msg))
+
+    def next_task(self) -> Task | None:
+        while True:
+            msg = self.board.next_message(self.args.worker_id, self.inbox)
+            if type(msg) is not Help:
+                return msg  # type: ignore[no-any-return]
+            msg.job.work()  # samples of another thread's slow batch
+
+    def epoch(self, seed: int) -> None:
+        _enter_epoch(self.args, seed, whole_process=False)
+        self.fetched = 0
+
+    def seed_for(self, task: Task) -> int | None:
+        seed = task.seed
+        if self.iterable:  # threads share the RNGs: each batch is seeded on its own
+            seed, self.fetched = mix_seed(seed, self.fetched), self.fetched + 1
+        return seed if self.fetcher.draws else None
+
+    def fetch(self, indices: Any, seed: int | None) -> tuple[Any, Any]:
+        if seed is not None:
+            data, skipped = self.guard.fetch(self.split, indices, seed, self.whole)
+        else:
+            data, skipped = self.split(indices)
+        if self.args.pin_device is not None and data is not None:
+            data = pin(data, self.args.pin_device)
+        return data, skipped
+
+    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
+        busy = time.perf_counter() - started
+        self.send(Loaded(task.generation, task.idx, data, busy, skipped, None))
+
+    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
+        skipped = skips if any(s is not None for s in skips) else None
+        busy = time.perf_counter() - started
+        self.send(LoadedGroup(task.generation, task.idx, batches, busy, skipped))
+
+
+def _serve(args: WorkerArgs, sink: _Sink) -> None:
+    """The worker loop, for processes and threads alike: each task's batch (or group of
+    batches) fetched and shipped, or its failure sent, until told to stop."""
     fetcher = args.fetcher
     iterable = isinstance(fetcher, IterableFetcher)
     generation = None
-    try:
-        _setup(args, whole_process=False)
-    except Exception as exc:
-        where = f"worker thread {wid} start-up"
-        outbox.put((wid, ("err", -1, -1, RemoteError(exc, where, keep_object=True))))
-        return
-    outbox.put((wid, READY))
-    if not _init(args, lambda msg: outbox.put((wid, msg))):
-        return
-    board = args.board
-    assert args.rng_guard is not None and board is not None
-    alloc = args.buffers.alloc if args.buffers is not None else None
-    whole = functools.partial(fetcher.fetch_skipping, alloc=alloc)
-    split = whole
-    if isinstance(fetcher, MapFetcher):
-        split = functools.partial(fetcher.fetch_skipping, alloc=alloc, map_fn=board.map)
-    fetched = 0  # batches of an iterable dataset this epoch
-    while True:
-        msg = board.next_message(wid, inbox)
-        if msg is None:
-            return
-        if msg[0] == "help":  # samples of another thread's slow batch
-            msg[1].work()
-            continue
-        gen, index, task, seed, _freed = msg
-        if gen != generation:
-            generation = gen
+    while (task := sink.next_task()) is not None:
+        first = task.generation != generation  # an epoch's first batch is never held back
+        if first:
+            generation = task.generation
             _reset_fetcher(fetcher)
             if iterable:
-                _enter_epoch(args, seed, whole_process=False)
-                fetched = 0
-        if iterable:  # threads share the RNGs: each batch is seeded on its own
-            seed, fetched = mix_seed(seed, fetched), fetched + 1
+                sink.epoch(task.seed)
+        seed = sink.seed_for(task)
         if iterable and fetcher.ended:  # type: ignore[union-attr]
-            outbox.put((wid, ("end", gen, index)))
+            sink.send(Exhausted(task.generation, task.idx))
             continue
-        started = time.perf_counter()
+        group = type(task.seed) is tuple  # a group of tiny batches: one slot, one message
         try:
-            if fetcher.draws:
-                data, skipped = args.rng_guard.fetch(split, task, seed, whole)
+            if group:
+                _load_group(args, sink, task)
             else:
-                data, skipped = split(task)
-            if args.pin_device is not None and data is not None:
-                data = pin(data, args.pin_device)
-        except StopIteration:
-            reply: tuple[Any, ...] = ("end", gen, index)
-            if not iterable:
-                err = _stop_iteration_error(args, task)
-                err.exc = RuntimeError(err.text)
-                reply = ("err", gen, index, err)
-            outbox.put((wid, reply))
-            continue
-        except Exception as exc:
-            # No local name for it: the main thread's frames join the exception's traceback
-            # when it is raised there, and this frame must not keep them (and the iterator).
-            outbox.put((wid, ("err", gen, index, RemoteError(exc, _where(args, task), True))))
-            continue
+                _load(sink, task, seed, first)
+        except Exception as exc:  # the dataset's, collate's, or a batch that cannot cross
+            sink.abort()
+            if iterable and isinstance(exc, StopIteration):
+                sink.send(Exhausted(task.generation, task.idx))
+            else:  # no local name for it: the frame must not keep it (see _failure)
+                sink.send(Failed(task.generation, task.idx, _failure(args, exc, task.task)))
+        except _ParentDied:
+            raise
         except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
-            raise _Ended(exc, _where(args, task)) from None
-        busy = time.perf_counter() - started
-        outbox.put((wid, ("ok", gen, index, None, data, None, busy, skipped, None)))
+            sink.abort()
+            raise _Ended(exc, _where(args, None if group else task.task)) from None
+
+
+def _load(sink: _Sink, task: Task, seed: int | None, first: bool) -> None:
+    """Fetch and ship one task's batch (its own frame: nothing of it outlives the call)."""
+    started = time.perf_counter()
+    sink.begin()
+    data, skipped = sink.fetch(task.task, seed)
+    sink.ship(task, data, skipped, started, first)
+
+
+def _load_group(args: WorkerArgs, sink: _Sink, task: Task) -> None:
+    """Fetch and ship a group of tiny batches (task indices ``task.idx``, ``+ 1``, ...):
+    each seeded from (seed, epoch, its own batch number), as a batch sent alone, and a
+    :class:`RemoteError` in place of each that raised. The finished batches wait for the
+    group's last one: only batches measured to load in well under a millisecond are grouped
+    (see :func:`~stoker._policy.group_size`)."""
+    base, epoch, ks = task.seed
+    started = time.perf_counter()
+    try:
+        sink.begin()
+    except Exception as exc:  # /dev/shm full: every batch of the group says so
+        sink.fail_all(task, exc)
+        return
+    n = len(task.task)
+    seeds = batch_seeds(base, epoch, ks) if args.fetcher.draws else [None] * n
+    batches: list[Any] = []
+    skips: list[Any] = []
+    for seed, indices in zip(seeds, task.task, strict=True):
+        skipped = None
+        try:
+            data, skipped = sink.fetch(indices, seed)
+        except Exception as exc:
+            data = _failure(args, exc, indices)
+        batches.append(data)
+        skips.append(skipped)
+    sink.ship_group(task, batches, skips, started)
+
+
+def _failure(args: WorkerArgs, exc: Exception, indices: Any) -> RemoteError:
+    """What a fetch of a map-style dataset that raised ``exc`` sends (a StopIteration is a
+    RuntimeError there, as in torch). A thread's keeps the exception itself: the caller must
+    not keep it in a local, since the main thread's frames join its traceback when raised."""
+    if isinstance(exc, StopIteration):
+        exc = RuntimeError("a map-style dataset raised StopIteration while fetching a batch.")
+    return RemoteError(exc, _where(args, indices), keep_object=args.in_thread)

@@ -1,0 +1,168 @@
+"""The messages between the iterator, its pool and the workers, one type each.
+
+Main process -> worker: :class:`Work` (tasks and freed slots, one message per worker per
+refill), ``None`` (stop), and, between thread workers only, :class:`Help`. Worker -> pool:
+:class:`Ready`, :class:`Inited`, :class:`StartFailed` and :class:`Bye` about the worker's
+life; :class:`Shipped` (process workers: a batch, or a group, in shared memory),
+:class:`Exhausted` and :class:`Failed` about tasks. The pool hands the iterator decoded
+values: :class:`Loaded` / :class:`LoadedGroup` (a thread worker sends these itself),
+:class:`Exhausted`, :class:`Failed`, :class:`Ready` and :class:`StartFailed`; the iterator
+never sees a wire form. NamedTuples: they pickle almost as fast as plain tuples, and a
+message is read by field name, never by position.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from stoker._engine._transport import RemoteError
+
+
+class Task(NamedTuple):
+    """One task (a batch, or a group of tiny batches) for a worker, inside :class:`Work`.
+
+    ``task``: sample indices, or for a group the list of each batch's; ``seed``: the batch's
+    (a group's is ``(seed, epoch, batch numbers)``; an iterable dataset's is its worker's
+    for the epoch); ``packing``: how ``task`` crossed the pipe (see
+    :func:`~stoker._engine._transport.pack_tasks`), None once unpacked.
+    """
+
+    generation: int
+    idx: int
+    task: Any
+    seed: Any
+    packing: Any = None
+
+
+class Work(NamedTuple):
+    """Sent by the pool to one worker when the iterator refills its window (``tasks``), or
+    when big slots' batches died (``freed``: their slot ids, free to write again). The one
+    way freed slots go home; a worker not started yet gets its messages as it starts."""
+
+    tasks: list[Any]  # Tasks; packed as plain tuples on the pipe (see pack_tasks)
+    freed: list[int]
+
+
+class Help(NamedTuple):
+    """Put by a thread worker loading a slow batch into an idle thread's inbox: take
+    samples of ``job`` (see :mod:`stoker._engine._split`)."""
+
+    job: Any  # a stoker._engine._split.Job (which puts this message: no import back)
+
+
+class Ready(NamedTuple):
+    """Sent by a worker once it is up (imports, seeding done); ``timeout`` counts from it.
+    Next it runs ``worker_init_fn``, if any."""
+
+
+class Inited(NamedTuple):
+    """Sent by a worker when its ``worker_init_fn`` returned (the pool notes it)."""
+
+
+class StartFailed(NamedTuple):
+    """Sent by a worker whose start-up or ``worker_init_fn`` raised an ``Exception``; the
+    iterator raises ``error`` rebuilt."""
+
+    error: RemoteError
+
+
+class Bye(NamedTuple):
+    """A worker's last message (the pool notes it): its slots are closed and it exits.
+
+    ``kept``: (name, size) of slots for the main process to keep (those it never saw, or,
+    from a worker ending early, those it may not have mapped yet); None from a thread.
+    ``why``: None, or from a worker ending early (``sys.exit()`` in the dataset) what ended
+    it and its exit code (None for a thread).
+    """
+
+    kept: list[tuple[str, int]] | None
+    why: tuple[str, int | None] | None
+
+
+class Shipped(NamedTuple):
+    """Sent by a process worker for a loaded batch: its leaves in slot ``slot`` (id, name,
+    size; None when it has no array), its structure in ``payload`` (see
+    :func:`~stoker._engine._transport.encode`). ``retired``: segments the worker unlinked
+    (unmap them); ``busy``: fetch + collate seconds; ``skipped``: None, or the samples left
+    out with ``skip_errors``; ``untouched``: for a slow batch, whether the global RNGs were
+    left alone, else None. With ``group``, a group of tiny batches (task indices ``idx``,
+    ``idx + 1``, ...) in one slot: the payload the list of batches (a
+    :class:`~stoker._engine._transport.RemoteError` in place of each that raised),
+    ``skipped`` None or a list. The pool decodes it into :class:`Loaded` or
+    :class:`LoadedGroup`."""
+
+    generation: int
+    idx: int
+    slot: tuple[int, str, int] | None
+    payload: Any
+    retired: list[str]
+    busy: float
+    skipped: Any
+    untouched: bool | None
+    group: bool = False
+
+
+class Loaded(NamedTuple):
+    """A batch ready for the iterator: decoded by the pool, or put by a thread worker."""
+
+    generation: int
+    idx: int
+    batch: Any
+    busy: float
+    skipped: Any
+    untouched: bool | None
+
+
+class LoadedGroup(NamedTuple):
+    """The batches of a group, decoded by the pool (see :class:`Shipped`)."""
+
+    generation: int
+    idx: int
+    batches: list[Any]
+    busy: float
+    skipped: list[Any] | None
+
+
+class Exhausted(NamedTuple):
+    """Sent by a worker of an iterable dataset that has no more data this epoch."""
+
+    generation: int
+    idx: int
+
+
+class Failed(NamedTuple):
+    """Sent by a worker whose task raised; the iterator raises ``error`` at its turn."""
+
+    generation: int
+    idx: int
+    error: RemoteError
+
+
+FromWorker = Ready | Inited | StartFailed | Bye | Shipped | Exhausted | Failed
+"""What a process worker sends (a thread worker sends :class:`Loaded` for Shipped)."""
+ToIterator = Ready | StartFailed | Loaded | LoadedGroup | Exhausted | Failed
+"""What a pool hands the iterator."""
+LIFE = (Ready, Inited, Bye)
+"""Messages about a worker's life, noted by its pool (only Ready is passed on)."""
+
+_WIRE: tuple[type[tuple[Any, ...]], ...] = (
+    Shipped, Work, Exhausted, Failed, Ready, Inited, StartFailed, Bye,
+)  # fmt: skip
+_CODE = {kind: code for code, kind in enumerate(_WIRE)}
+_new = tuple.__new__
+
+
+def to_wire(msg: Any) -> Any:
+    """A message as it is pickled for a pipe: a plain tuple of its type's code and its
+    fields (a NamedTuple pickles and unpickles several times slower); None as it is.
+
+    >>> from_wire(to_wire(Exhausted(3, 7))), from_wire(to_wire(None))
+    (Exhausted(generation=3, idx=7), None)
+    """
+    return None if msg is None else (_CODE[type(msg)], *msg)
+
+
+def from_wire(raw: Any) -> Any:
+    """The message of a :func:`to_wire` tuple."""
+    return None if raw is None else _new(_WIRE[raw[0]], raw[1:])
