@@ -1,39 +1,19 @@
 """``num_workers="auto"`` and ``prefetch_factor="auto"``: pick them by measuring.
 
-One :class:`Autotuner` per loader, kept across epochs (the count found is where the next
-epoch starts, and persistent workers keep theirs). The iterator that has workers asks it,
-after each delivered batch, whether to add a worker or deepen the prefetch window; the
-answer is a plain integer compare on every batch and a decision once per *window*.
-
-The rule, per window of batches (one batch per worker, and at least ``_MIN_WINDOW_S``):
-
-1. If the previous decision added something and batches/s did not improve by
-   ``_MIN_GAIN``, stop: that count is the one.
-2. If the consumer waited less than ``_INPUT_BOUND`` of the window, stop: data is ready.
-3. Else add workers when some are left: as many as the wait predicts are needed
-   (``n / (1 - waited)``, at most 4x: a consumer waiting half the time needs twice the
-   workers), within the pool's capacity, the CPUs (this loader's process tree, measured,
-   must leave room for each added worker's average use) and memory (see
-   :func:`memory_budget` and ``/dev/shm``'s free space).
-4. Else, with ``prefetch_factor="auto"``, deepen the window by one (up to ``_MAX_PREFETCH``).
-
-Workers are not always faster: batches that load in microseconds (rows gathered from
-in-memory arrays) cost more to send than to make. So at the end of an epoch with workers
-that were busy less than ``_BUSY_SHARE`` of it (more of them would not help), if a batch's
-load time (the workers' mean, or where only stoker's code loads it, the main process's own
-time for one, measured: workers sharing the cores take longer) plus the loop's own time per
-batch (what loading in process would take) is below the time per batch the workers achieved,
-by ``_MIN_GAIN``, the next epoch runs in process as a trial; it stays there only if it was
-faster, else the worker count comes back (and another trial may follow after 2, then 4, 8...
-epochs: a trial slowed by a stall of the machine does not decide for good). Fresh workers
-are judged with their start, which every epoch pays; persistent ones by an epoch that
-started none (spawned or forkserver workers take long to start, once). Which loaders may
-make this trial, a fixed ``num_workers`` among them, is one rule:
-:func:`~stoker._policy.may_load_in_process`.
+One :class:`Autotuner` per loader, kept across epochs. After each delivered batch the
+iterator asks it whether to add a worker or deepen the prefetch window; once per window of
+batches it decides: stop when the last
+addition did not raise batches/s by ``_MIN_GAIN`` or the consumer waited less than
+``_INPUT_BOUND`` of the window; else add the workers the wait predicts, within the pool's
+capacity, the CPUs and memory (:func:`memory_budget`); else, with
+``prefetch_factor="auto"``, deepen the window. After an epoch whose workers were mostly
+idle it may try loading in process (:func:`~stoker._policy.may_load_in_process`), and
+keeps that only if it was faster.
 
 Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
-delivered in order, whichever worker made it. Every decision is logged (logger
-``stoker._autotune``, INFO) and listed in ``loader.statistics().autotune``.
+delivered in order. Every decision is logged (logger ``stoker._autotune``, INFO) and listed
+in ``loader.statistics().autotune``. The rule and its reasons: ``docs/engine.md``,
+"Autotune".
 """
 
 from __future__ import annotations

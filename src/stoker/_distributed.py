@@ -91,34 +91,24 @@ def check_world(who: str, num_replicas: int | None, rank: int | None) -> tuple[i
 class DistributedSampler(Sampler[int]):
     """Gives each of ``num_replicas`` processes its own share of a dataset's indices.
 
-    Each epoch all ranks compute the same order (a permutation from ``rng(seed, epoch)``
-    when shuffling, else ``0..n-1``), pad it by repeating it from the start (or, with
-    ``drop_last``, cut its tail) to a multiple of ``num_replicas``, and rank ``r`` takes
-    every ``num_replicas``-th index from position ``r``, as torch does. Call
-    ``set_epoch(epoch)`` before each epoch so that shuffled orders differ.
-
-    With ``even=False`` (for evaluation) the order is neither padded nor cut: every index
-    goes to exactly one rank, and the first ``n % num_replicas`` ranks get one index more
-    than the others (``len()`` is exact on each rank). Ranks may then run one batch more
-    than others, so gather results after the loop rather than with a collective per batch.
+    As torch's: all ranks compute one order (shuffled from ``rng(seed, epoch)``), padded by
+    repetition (or cut, with ``drop_last``) to a multiple of ``num_replicas``; rank ``r``
+    takes every ``num_replicas``-th index from ``r``. Call ``set_epoch`` before each epoch.
 
     Args:
-        dataset: anything with ``__len__`` (read once, here).
-        num_replicas: number of processes; default from an initialised torch process
-            group, else the ``WORLD_SIZE`` environment variable.
-        rank: this process's rank; default from the process group, else ``RANK``.
-        shuffle: shuffle the indices each epoch.
-        seed: the shuffling seed; must be the same on every rank.
-        drop_last: cut the tail instead of padding, so no index is seen twice.
-        even: give every rank the same number of indices (torch's behaviour, padding or
-            cutting); False gives every index exactly once. Keyword-only.
+        dataset: anything with ``__len__``.
+        num_replicas: processes; default from the process group, else ``WORLD_SIZE``.
+        rank: this process's rank; default likewise, else ``RANK``.
+        shuffle: reshuffle each epoch.
+        seed: the shuffle seed, equal on all ranks.
+        drop_last: cut the tail instead of padding.
+        even: keyword-only; False gives every index exactly once, unpadded and uncut
+            (``docs/engine.md``).
 
     Raises:
-        RuntimeError: ``num_replicas`` or ``rank`` is None and cannot be found.
-        TypeError: ``num_replicas``, ``rank`` or ``seed`` is not an integer, or ``even``
-            is not a bool.
-        ValueError: ``num_replicas`` < 1, ``rank`` outside ``[0, num_replicas)``, or
-            ``even=False`` with ``drop_last=True``.
+        RuntimeError: the world size or rank cannot be found.
+        TypeError: a wrongly typed argument.
+        ValueError: an out-of-range argument, or ``even=False`` with ``drop_last``.
 
     >>> [list(DistributedSampler(range(5), 2, r, shuffle=False)) for r in (0, 1)]
     [[0, 2, 4], [1, 3, 0]]
@@ -242,20 +232,14 @@ def _worker() -> tuple[int, int]:
 class ShardedIterable(IterableDataset[T_co]):
     """This rank's and this worker's share of an iterable dataset (every item once overall).
 
-    Item ``i`` of ``dataset`` goes to rank ``i % num_replicas`` and, within that rank, to
-    worker ``(i // num_replicas) % num_workers``: each loader worker iterates ``dataset``
-    and keeps every ``num_replicas * num_workers``-th item, from position
-    ``worker_id * num_replicas + rank``. A rank's items therefore do not depend on how
-    many workers it runs. Each worker still reads (and skips) the others' items: for
-    costly items, shard the source (files, shards) instead.
-
-    The world is found when it is built (module docstring); without a process group or
-    ``WORLD_SIZE`` / ``RANK`` it is a single process. The worker comes from
-    ``get_worker_info()`` at each ``__iter__`` (stoker's, else torch's).
+    Item ``i`` goes to rank ``i % num_replicas`` and, within it, to worker
+    ``(i // num_replicas) % num_workers``, so a rank's items do not depend on its worker
+    count. Each worker still reads and skips the others' items: for costly items, shard the
+    source instead. The world is found when this is built (one process without a process
+    group or ``WORLD_SIZE`` / ``RANK``); the worker at each ``__iter__``.
 
     Args:
-        dataset: any iterable (typically an ``IterableDataset``); iterated afresh at each
-            ``__iter__``.
+        dataset: any iterable, iterated afresh at each ``__iter__``.
         num_replicas: number of ranks (keyword-only); default as ``DistributedSampler``.
         rank: this process's rank (keyword-only); default as ``DistributedSampler``.
 

@@ -65,53 +65,18 @@ class DataLoader(Generic[T_co]):
     """Iterates over a dataset in batches, in the main process or in workers.
 
     The arguments up to ``in_order`` are torch.utils.data.DataLoader's, with its defaults,
-    behaviour and validation. stoker's own are keyword-only.
+    behaviour and validation; stoker's own are keyword-only. Only what stoker adds to
+    torch's is listed; the details are in ``docs/engine.md``, "The loader's arguments".
 
     Args:
-        dataset: a map-style dataset (``__getitem__`` and ``__len__``) or an iterable one.
-        batch_size: samples per batch; None disables automatic batching.
-        shuffle: reshuffle the samples at every epoch (map-style datasets only).
-        sampler: the order of sample indices; excludes ``shuffle``.
-        batch_sampler: yields lists of indices; excludes ``batch_size``, ``shuffle``,
-            ``sampler`` and ``drop_last``.
-        num_workers: worker count; 0 loads in the main process; ``"auto"`` starts one
-            worker and adds more while the consumer waits and CPU and memory allow, or
-            loads in the main process when an epoch shows that workers are slower. A
-            fixed count does that too where none of the user's code would run in a
-            worker (a TensorDataset of arrays with the default collate, see
-            ``statistics().autotune``).
-        collate_fn: merges a list of samples into a batch; default: ``default_collate``
-            (``default_convert`` without automatic batching), following ``tensor_type``.
-        pin_memory: copy batches into page-locked memory (needs torch and an accelerator).
-        drop_last: drop the last batch when it is smaller than ``batch_size``.
-        timeout: seconds to wait for a batch from a worker; 0 waits as long as the
-            worker is alive.
-        worker_init_fn: called in each worker with its id after seeding.
-        multiprocessing_context: start method (``"fork"``, ``"spawn"``, ``"forkserver"``)
-            or a multiprocessing context object; process workers only.
-        generator: an int seed, a ``numpy.random.Generator`` or a ``torch.Generator``,
-            from which the shuffle order and workers' seeds derive. On a torch stream (a
-            ``torch.Generator``, or None with torch imported) each new iterator draws from
-            it as torch's does before the shuffle draws torch's order; see
-            ``stoker._sampler``.
-        prefetch_factor: batches loaded ahead per worker (default 2 with workers);
-            ``"auto"`` deepens it while the consumer still waits with all workers busy.
-            Tiny batches that load in well under a millisecond count as a fraction of
-            one (up to 16 in 256 KiB), so that workers are not left waiting for tasks.
-        persistent_workers: keep workers alive between epochs.
-        pin_memory_device: the device to pin for; default: the current accelerator.
-        in_order: deliver batches in sampler order; False delivers the first ready.
-        tensor_type: None follows the data (torch tensors when a sample holds one, NumPy
-            otherwise); ``"numpy"`` or ``"torch"`` force one.
+        num_workers: also ``"auto"``: add workers while the consumer waits and CPU and
+            memory allow, or load in the main process when workers are slower.
+        generator: also an int seed or a ``numpy.random.Generator``.
+        prefetch_factor: also ``"auto"``: deepen the window while the consumer waits.
+        tensor_type: None follows the data; ``"numpy"`` or ``"torch"`` force one.
         worker_mode: ``"process"`` or ``"thread"`` workers.
-        skip_errors: what to do with samples whose loading raises (map-style datasets
-            only). 0 raises, as torch does. An int ``n >= 1`` leaves out up to ``n`` failing
-            samples per epoch; a float in (0, 1) up to that fraction of the epoch's samples
-            (rounded down). A batch that fails is loaded again sample by sample and the
-            failing ones are left out (a batch whose samples all fail is dropped: the epoch
-            has one batch fewer). The same samples are skipped in every run; each skip is
-            logged at WARNING, counted in ``statistics().skipped_samples`` and in
-            :meth:`state_dict`; one more than the cap raises ``RuntimeError``.
+        skip_errors: 0 raises, as torch does; an int ``n`` or a fraction in (0, 1) skips
+            up to that many failing samples per epoch, the same ones every run.
 
     Raises:
         ValueError: for contradictory or out-of-range arguments, as torch raises.

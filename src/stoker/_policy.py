@@ -1,8 +1,8 @@
 """Every threshold and rule by which stoker's loading decides, each once, with its reason.
 
 Pure: nothing here starts a process, touches the OS or imports the engine, so the loader,
-the engine, the autotuner and the checkpoint code all read the same numbers, and each rule
-has unit tests (``tests/test_engine_policy.py``). The rules:
+the engine, the autotuner and the checkpoint code read the same numbers, and each rule has
+unit tests (``tests/test_engine_policy.py``). The rules:
 
 - **who may see the assignment** (:func:`assigns_freely`): stoker assigns batches its own
   faster way only where none of the user's code runs in a worker; elsewhere torch's.
@@ -12,8 +12,8 @@ has unit tests (``tests/test_engine_policy.py``). The rules:
 - **grouping** (:func:`group_size`): tiny, fast batches share a prefetch slot and a message.
 - **tail split** (:func:`worth_splitting`) and **thread split**
   (:data:`THREAD_SPLIT_MIN_S`): slow batches shared among workers that would idle.
-- **prefetch sizing** (:data:`DEFAULT_PREFETCH`, :func:`slots_kept_free`, ...): how much
-  memory each worker and loader keeps for batches in flight.
+- **prefetch sizing** (:data:`DEFAULT_PREFETCH`, :func:`slots_kept_free`, ...): memory
+  each worker and loader keeps for batches in flight.
 """
 
 from __future__ import annotations

@@ -1,43 +1,16 @@
 """Samplers: the order in which a map-style dataset is read, as in ``torch.utils.data``.
 
 Every stoker sampler computes a whole epoch at once in ``_epoch_indices()`` (an int64
-array); ``__iter__`` is built on it, and the loader's fast path (``epoch_indices`` /
-``batch_arrays`` below) slices that array into batches without creating a Python int per
-index.
+array); ``__iter__`` and the loader's fast path (``epoch_indices`` / ``batch_arrays``)
+slice it without a Python int per index. A random sampler draws its epoch when ``iter()``
+is called, from one of two kinds of randomness: *torch's stream* (a ``torch.Generator``,
+or None while torch is imported) gives exactly torch's indices; *stoker's seeds* (an int,
+a ``numpy.random.Generator``, or None without torch) draw epoch ``e`` from
+``rng(base_seed, e)`` alone.
 
-**Two kinds of randomness.** A random sampler (``RandomSampler``, ``SubsetRandomSampler``,
-``WeightedRandomSampler``) draws each epoch when ``iter()`` is called (not at the first
-``next()``), and counts epochs from 0:
-
-- *torch's stream*: with a ``torch.Generator``, or with None while torch is imported
-  (torch's global RNG), the epoch is torch's: the same ``randperm`` / ``randint`` /
-  ``multinomial`` draws from the same stream as torch's sampler, so the indices equal
-  torch's epoch after epoch (beyond torch's 2**24 weights, ``WeightedRandomSampler``
-  draws one seed from the stream and samples as below).
-- *stoker's seeds*: with an int, it is the *base seed*; with a ``numpy.random.Generator``
-  (or None without torch: NumPy's global RNG) one base seed is drawn at the first
-  ``__iter__``, and never again. Epoch ``e`` is drawn from ``rng(base_seed, e)``
-  (``stoker._random``) and nothing else, whatever else used the generator meanwhile.
-
-**state_dict / load_state_dict.** Every stoker sampler, ``BatchSampler`` and
-``DistributedSampler`` (in ``stoker._distributed``) has ``state_dict()``: a small
-JSON-serialisable dict that fixes what the *next* ``__iter__`` yields. For a random
-sampler it is ``{"kind": <class name>, "seed": <base seed, or None if not drawn yet>,
-"epoch": <epoch counter>}``; ``load_state_dict`` checks it and restores it, whatever
-generator the loading sampler was built with (with ``"seed": None`` the loading sampler
-draws its base seed from its own generator, as a fresh one would). To skip ahead or rewind
-on stoker's seeds, edit ``"epoch"`` before loading: ``sd["epoch"] = 7`` makes the next
-``__iter__`` give epoch 7.
-
-On a torch stream the state also holds ``"torch_state"``: the generator's state (5056
-bytes as base64, O(1) to save and load). Saved between epochs from a ``torch.Generator``,
-loading puts that generator in the state (a sampler built with another kind of generator
-gets a ``torch.Generator`` in it), and the stream goes on as in the run that saved it.
-A state that draws an epoch again (``_drawn_state()``, what a loader checkpoint keeps
-within an epoch) holds the stream's state before that epoch's draw. On torch's global RNG
-the saved epoch is drawn from a copy (the process's stream is not moved); later epochs
-draw from the global RNG as torch's do, so restore it (``torch.set_rng_state``) for an
-identical run; between epochs there is nothing to save.
+``state_dict()`` is a small JSON-serialisable dict that fixes what the next ``__iter__``
+yields; set its ``"epoch"`` before ``load_state_dict`` to skip ahead or rewind. Details:
+``docs/engine.md``, "Samplers: randomness and state".
 
 >>> s = RandomSampler(range(6), generator=np.random.default_rng(0))
 >>> _ = list(s)
@@ -596,25 +569,22 @@ class SubsetRandomSampler(_SeededSampler):
 class WeightedRandomSampler(_SeededSampler):
     """Yields ``num_samples`` indices of ``weights``, each drawn with probability ∝ weight.
 
-    On a torch stream (module docstring) the draws are torch's ``multinomial``, as torch's
-    sampler makes them, up to 2**24 weights (torch's limit); past it, and for stoker's own
-    draws, uniform draws are located in the normalised cumulative sum (with replacement)
-    or the Gumbel top-k trick gives the law of drawing one index at a time (without).
-    ``weights`` are checked at each epoch, as torch's ``multinomial`` checks them, so they
-    may be reassigned or edited between epochs.
+    On a torch stream (module docstring) draws are torch's ``multinomial`` up to its
+    2**24 weights; past that, and on stoker's seeds, uniform draws are
+    located in the cumulative sum (with replacement) or the Gumbel top-k trick draws
+    (without). ``weights`` are checked each epoch, so may change between epochs.
 
     Args:
-        weights: 1-D, finite, non-negative, with a positive sum; need not sum to one.
-        num_samples: how many indices per epoch.
-        replacement: draw with replacement; without it, ``num_samples`` must not exceed
-            the number of weights (on stoker's draws: of non-zero weights).
-        generator: None, an int seed, or a NumPy or torch generator (module docstring).
+        weights: 1-D, finite, non-negative, with a positive sum.
+        num_samples: indices per epoch.
+        replacement: draw with replacement; without, ``num_samples`` must not exceed the
+            (on stoker's draws: non-zero) weights.
+        generator: None, an int seed, or a NumPy or torch generator.
 
     Raises:
-        ValueError: ``num_samples`` is not a positive int, ``replacement`` not a bool or
-            ``weights`` not 1-D (at construction, the type torch raises too).
-        WeightsError: at iteration, weights that cannot be drawn from (a ``RuntimeError``,
-            as torch raises, and a ``ValueError``).
+        ValueError: a bad ``num_samples``, ``replacement`` or ``weights`` shape.
+        WeightsError: at iteration, weights that cannot be drawn from (a ``RuntimeError``
+            and a ``ValueError``).
         TypeError: ``generator`` is of no accepted kind.
 
     >>> s = WeightedRandomSampler([0.0, 1.0, 0.0, 3.0], 8, generator=0)

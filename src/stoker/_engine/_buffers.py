@@ -1,17 +1,16 @@
 """Reusable batch memory for thread workers, kept per loader across epochs.
 
 Process workers collate into shared-memory slots that return when a batch's last view dies
-(:mod:`stoker._engine._shm`). Thread workers hand over ordinary arrays, and a fresh 100 MiB
-array costs page faults on every use (about 1 ms per MiB on a busy VM, far more than the
-copy into it). :class:`BufferPool` gives the thread workers the same reuse: stoker's
-collate writes each large leaf into a buffer of the pool, handed out through a one-off
-exporter object; when the last view of that leaf dies, the exporter's finalizer puts the
-buffer back. A pool belongs to a loader (its :class:`~stoker._engine._config.EngineMemory`)
-and lives as long as it, so each epoch's new threads start with the memory the last epoch
-used. Worker processes' split batches are
-joined into a loader's pool too (:mod:`stoker._engine._tail`). In-process loading
-(:mod:`stoker._engine._single`) keeps a pool of private memory of its own: nothing is forked
-while it loads, and fresh private pages come in huge pages where shared ones do not.
+(:mod:`stoker._engine._shm`). Thread workers hand over ordinary arrays, and faulting in a
+fresh large array for every batch costs more than the copy into it. :class:`BufferPool`
+gives them the same reuse: stoker's collate writes each large leaf into a buffer of the
+pool, handed out through a one-off exporter whose finalizer puts the buffer back when the
+leaf's last view dies. A pool belongs to a loader (its
+:class:`~stoker._engine._config.EngineMemory`), so each epoch's new threads start with
+memory already mapped; split batches of worker processes are joined into it too
+(:mod:`stoker._engine._tail`). In-process loading (:mod:`stoker._engine._single`) keeps a
+pool of private memory of its own: nothing is forked while it loads, and private pages may
+be huge pages.
 """
 
 from __future__ import annotations

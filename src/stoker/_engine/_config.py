@@ -28,11 +28,10 @@ class EngineConfig:
     """A loader's settings as one iterator and its pool run them.
 
     Attributes:
-        make_fetcher: a fresh fetcher (one task in, one collated batch out); holds no
-            reference to the loader.
-        dataset: the dataset (for the pickling note and its ``main_process_step``).
+        make_fetcher: a fresh fetcher (one task in, one batch out), holding no loader.
+        dataset: the dataset (pickling note, ``main_process_step``).
         collate_fn: the collate function.
-        num_workers: workers given tasks at first (the tuner's count with autotune).
+        num_workers: workers given tasks at first.
         capacity: workers the pool is built with (with autotune, the most it may use).
         prefetch: tasks in flight per worker at first.
         worker_mode: ``"process"`` or ``"thread"``.
@@ -45,10 +44,8 @@ class EngineConfig:
         iterable: an iterable dataset.
         auto_collation: batches (a batch sampler), not single samples.
         skip_errors: whether failing samples may be skipped.
-        warn_workers: warn when more worker processes are asked for than CPUs (a fixed
-            ``num_workers``; autotune starts what the CPUs allow).
-        tuner: the loader's autotuner, or None; it is the loader's, kept across iterators
-            (the count it found is where the next one starts).
+        warn_workers: warn when a fixed ``num_workers`` exceeds the CPUs.
+        tuner: the loader's autotuner, kept across iterators, or None.
     """
 
     make_fetcher: Callable[[], MapFetcher | IterableFetcher]

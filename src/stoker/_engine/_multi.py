@@ -1,35 +1,19 @@
 """The worker-backed iterator: dispatch, prefetch window, ordering, timeouts and shutdown.
 
 :class:`MultiWorkerIterator` runs in the thread that iterates the loader. It keeps
-``prefetch_factor * num_workers`` tasks sent but not yet delivered (so a fast worker cannot
-run ahead of a slow one without bound while ``in_order`` waits for it; the tasks for one
-worker go out in one message; results that arrived together are handled before
-refilling), numbers them, and delivers the batches in task order (``in_order=True``) or as
-they come (``in_order=False``).
+``prefetch_factor * num_workers`` tasks in flight, numbers them, and delivers the batches
+in task order (``in_order=True``) or as they come. Where the user's code runs in the
+workers, tasks go round robin, as torch assigns them; where only stoker's code runs
+(:func:`~stoker._policy.assigns_freely`), later fork workers start lazily, a task goes to
+the worker with the fewest in flight, tiny batches are grouped
+(:func:`~stoker._policy.group_size`) and an epoch's tail may be split
+(:mod:`stoker._engine._tail`). A batch is seeded from (seed, epoch, index), so which
+worker runs it does not matter. See ``docs/engine.md``, "Assignment".
 
-Where the user's code runs in the workers (a dataset or collate function of theirs, a
-``worker_init_fn``, any iterable dataset), batches are assigned as torch assigns them, since
-``get_worker_info()`` and ``in_order=False`` make the assignment visible: every worker
-starts at once, tasks go round robin (the next worker in the cycle that still has data;
-with ``in_order=False``, that also has fewer than its share of the window), one per batch
-delivered. Where only stoker's code runs (see :func:`~stoker._policy.assigns_freely`),
-stoker assigns them its own faster way: fork workers after the first start lazily (see
-:func:`~stoker._policy.starts_lazily`), a task goes to the worker with the fewest in
-flight, tiny, fast batches count as a fraction of a slot (see
-:func:`~stoker._policy.group_size`) and go to process workers in groups (one task, one slot
-and one message for several batches), and the last batches of an epoch may be split across
-workers (see :mod:`stoker._engine._tail`).
-
-Every batch of a map-style dataset's epoch ``e`` with index ``k`` is computed under a seed
-mixed from (base seed, e, k), so which worker runs it does not matter (an iterable
-dataset's workers are seeded once per epoch, see
-:func:`~stoker._engine._worker.worker_seed`). The pool it drives
-(:mod:`stoker._engine._pool`) is shut down by a ``weakref.finalize``: at the end of an
-epoch (unless ``persistent_workers``), on garbage collection, on interpreter exit, and
-before any fatal error is raised.
-
-Also here: :func:`workers_warning`, torch's warning when more workers are asked for than
-CPUs are available (counted by :func:`stoker._osprobe.available_cpus`).
+The pool (:mod:`stoker._engine._pool`) is shut down by a ``weakref.finalize``: at the end
+of an epoch (unless ``persistent_workers``), on garbage collection, at exit, and before a
+fatal error is raised. Also here: :func:`workers_warning` (more workers than CPUs, as
+torch warns).
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """Pinned (page-locked) memory: whether batches can be pinned, pinning them, pinned slots.
 
-Pinning needs torch and an accelerator. Without them ``pin_memory=True`` warns once per
-loader and batches go on unpinned, as torch does.
-
-With process workers and CUDA, the main process registers each shared-memory slot's
-mapping as page-locked memory once (``cudaHostRegister``, :class:`SlotPins`), so a batch's
-leaves, views of its slot, are pinned already: :func:`pin` finds them pinned and copies
-nothing (torch copies every batch a second time, into its pin thread's pinned buffers). A
-slot stays registered while anything maps it there and is unregistered before it is
-unmapped. Its memory goes back to its worker only once the copies queued on the current
-stream before the batch died have finished, so a ``.to("cuda", non_blocking=True)`` still
-reading it is never overwritten by the next batch. Where registration fails (no CUDA, a
-driver refusing it), leaves are copied into pinned memory by torch, as before.
+Pinning needs torch and an accelerator; without them ``pin_memory=True`` warns once per
+loader and batches go on unpinned, as torch does. With process workers and CUDA, the main
+process registers each shared-memory slot's mapping as page-locked once
+(``cudaHostRegister``, :class:`SlotPins`), so a batch's leaves are pinned already and
+:func:`pin` copies nothing (torch copies each batch again into pinned buffers). A slot is
+unregistered before it is unmapped, and goes back to its worker only once the copies
+queued on the current stream before the batch died have finished, so a
+``.to("cuda", non_blocking=True)`` still reading it is never overwritten. Where
+registration fails, torch copies the leaves into pinned memory.
 """
 
 from __future__ import annotations

@@ -1,30 +1,19 @@
 """Worker pools: start workers, send tasks, wait for results, notice deaths, shut down.
 
-Two pools with one interface, used by :class:`stoker._engine._multi.MultiWorkerIterator`
-from the thread that iterates:
+Two pools with one interface (:class:`WorkerPool`), driven by
+:class:`stoker._engine._multi.MultiWorkerIterator` from the thread that iterates:
 
-- :class:`ProcessPool`: one process and one duplex pipe per worker. A result is read from
-  whichever pipe is ready (one ``select.poll`` on the pipes and the process
-  sentinels, so a dead worker is seen at once, never by polling). Each read takes all the
-  bytes a pipe holds, so results that arrived together cost one wake-up and one read;
-  :meth:`ProcessPool.buffered` hands out the rest without a system call. Tasks for one
-  worker travel in one message. Batches cross through the shared-memory transport.
-- :class:`ThreadPool`: one thread per worker, with the in-process transport (the batch
-  object itself). A thread that ends says so last; one found dead while the pool waits is
-  a dead worker too.
+- :class:`ProcessPool`: one process and one duplex pipe per worker. One ``select.poll``
+  on the pipes and the process sentinels sees a result or a death at once; one read takes
+  all that a pipe holds, and :meth:`ProcessPool.buffered` hands out the rest. Batches
+  cross through the shared-memory transport.
+- :class:`ThreadPool`: one thread per worker, passing the batch object itself.
 
-A worker's last message says why it ends early, if it does (``sys.exit()`` in the dataset);
-the pool reads it, and what the worker sent before, before it reports the death.
-
-Under fork, a loader keeps the segments of its last pool's workers (at most what persistent
-workers would keep; in its :class:`~stoker._engine._config.EngineMemory`, released with the
-loader) and hands them to its next pool's workers, instead of paying for fresh shared
-memory every epoch.
-
-``shutdown`` may run from ``weakref.finalize`` (garbage collection, interpreter exit) and
-is idempotent; it does nothing in a forked child that inherited the pool. It waits until
-each worker says goodbye (its slots closed; a worker that does not within the grace time is
-killed), not for the process to end: a short-lived thread reaps the exits.
+A worker's last message says why it ends early; the pool reads it before reporting the
+death. Under fork, a loader keeps its last pool's unused segments for its next workers.
+``shutdown`` is idempotent, safe from ``weakref.finalize`` and a no-op in a forked child;
+it waits for each worker's goodbye (killing one that misses the grace time), not for its
+exit. See ``docs/engine.md``, "Pools, deaths and shutdown".
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """Shared-memory segments: the per-worker arena of reusable slots, and the main side's maps.
 
-A worker owns an :class:`Arena`. Each slot is one POSIX shared-memory segment named
-``stoker_<owner pid>_<loader token>_<worker id>_<sequence>``, where the owner is the main
-process. Collate writes a batch straight into a slot through :meth:`Arena.alloc`; the main
-process maps the segment once (:class:`SegmentMaps`), *unlinks its name at once* (the
-mapping keeps the memory; nothing is left in ``/dev/shm`` to leak), and hands out views.
-When the last view of a batch dies, the slot id travels back to the worker, which reuses
-the slot for a later batch.
+A worker owns an :class:`Arena` of slots, each one POSIX shared-memory segment named
+``stoker_<owner pid>_<loader token>_<worker id>_<sequence>`` (the owner is the main
+process). Collate writes a batch straight into a slot (:meth:`Arena.alloc`); the main
+process maps the segment once (:class:`SegmentMaps`) and *unlinks its name at once*, so
+nothing is left in ``/dev/shm`` to leak. When the last view of a batch dies, the slot id
+goes back to the worker, which reuses the slot. Under fork, segments no live batch uses
+outlive their pool (``SegmentMaps.take_unused``) and the loader's next workers adopt them
+as free slots (``Arena.adopt``, ``Arena.hand_off``), so fresh workers need no fresh
+shared memory.
 
-Who calls what:
-
-- worker process: ``Arena.begin`` -> collate (``Arena.alloc``) -> the transport places the
-  leaves (``Arena.place``) -> ``Arena.finish``; ``Arena.release`` with the slot ids the main
-  process returned; ``Arena.close`` on exit (unlinks any name not yet unlinked).
-- main process: ``SegmentMaps.view`` per batch; ``sweep_dead_owners`` when a loader starts
-  workers; ``unlink_prefix`` after a worker had to be killed.
-- across epochs (fork): when a pool shuts down, the segments its workers left that no live
-  batch uses stay mapped in the main process (``SegmentMaps.take_unused``), their memory
-  allocated; the loader's next workers inherit the mappings and start with them as free
-  slots (``Arena.adopt``), mapping a slot's pages in one call when they first use it, so
-  fresh workers do not pay for fresh shared memory. A stopping worker hands over the slots
-  it made ahead and never filled (``Arena.hand_off``): the main process keeps those too.
+Who calls what, in the worker and in the main process: ``docs/engine.md``, "Slots and
+arena".
 """
 
 from __future__ import annotations

@@ -16,20 +16,19 @@ if TYPE_CHECKING:
 
 
 class SingleProcessIterator:
-    """One epoch of a DataLoader loading in the main process (``num_workers=0``, or the
-    autotuner having chosen it), batch by batch on ``__next__``.
+    """One epoch of a DataLoader loading in the main process, batch by batch on ``__next__``.
 
-    Before batch ``k`` is fetched, the global RNGs are seeded from (seed, epoch, k), exactly
-    as a worker would seed them, so augmentations match those of any worker count; after
-    it, the caller's own streams go on (see :func:`~stoker._random.call_seeded`), so the
-    training loop's randomness still follows the seeds its user set. A dataset that surely
-    draws nothing (see :func:`~stoker._dataset.draws_nothing`) is fetched unseeded. With
-    ``skip_errors``, a batch whose samples all failed is dropped (the next one is fetched).
+    Used with ``num_workers=0`` or when the autotuner chose it. Before batch ``k`` is
+    fetched, the global RNGs are seeded from (seed, epoch, k), as a worker would seed them,
+    so augmentations match any worker count; after it the caller's own streams go on (see
+    :func:`~stoker._random.call_seeded`). A dataset that surely draws nothing (see
+    :func:`~stoker._dataset.draws_nothing`) is fetched unseeded. With ``skip_errors``, a
+    batch whose samples all failed is dropped (the next one is fetched).
 
-    Large leaves are collated into the loader's reusable buffers (:mod:`~stoker._engine.
-    _buffers`): a buffer returns only when the last view of the batch that used it is gone,
-    so a batch the user still holds is never overwritten, and the next batches write into
-    memory that is already mapped instead of faulting in fresh pages.
+    Large leaves are collated into the loader's reusable buffers
+    (:mod:`stoker._engine._buffers`): a buffer returns only when the last view of the batch
+    that used it is gone, so a batch the user holds is never overwritten, and the next
+    batches write into memory already mapped.
     """
 
     def __init__(self, config: EngineConfig, memory: EngineMemory, epochs: Epochs) -> None:

@@ -1,22 +1,15 @@
 """Splitting a slow batch's samples across idle worker threads.
 
-Thread workers each fetch whole batches. When a batch's samples are slow to load (I/O
-waits that release the GIL) and fewer batches are in flight than threads, the idle threads
-would wait while one thread loads a whole batch sample after sample. :class:`HelpBoard`
-lets a thread that loads a batch sample by sample hand single samples to idle threads: it times the
-first sample, and only when that took at least :data:`~stoker._policy.THREAD_SPLIT_MIN_S` does it
-offer the rest (a fast dataset never pays for the offer). Results come back in index order, so the
-batch is the same as when one thread loads it; the first failing sample (in index order)
-raises, as a sequential load would.
-
-A thread worker about to wait for its inbox first helps any open job, then marks itself
-idle while it waits (:meth:`HelpBoard.next_message`); before each of its samples, the owner
-puts a :class:`~stoker._engine._messages.Help` into idle threads' inboxes, and a helper that
-reads it takes samples until none are left (:meth:`Job.work`). The owner takes samples too,
-so a batch never waits for a helper that has not come: it waits only for samples a helper
-has started. While it
-helps, a thread answers ``get_worker_info()`` as the owner does: the samples of a batch are
-all loaded by the worker that torch would have given the batch.
+Thread workers each fetch whole batches, so while one thread loads a slow batch (I/O that
+releases the GIL) sample after sample, idle threads would wait. :class:`HelpBoard` lets
+the loading thread time its first sample and, only when that took at least
+:data:`~stoker._policy.THREAD_SPLIT_MIN_S`, offer the rest (a fast dataset never pays for
+the offer). A thread about to wait for its inbox first helps any open job, then waits
+marked idle (:meth:`HelpBoard.next_message`); the owner puts a
+:class:`~stoker._engine._messages.Help` in idle threads' inboxes and takes samples too
+(:meth:`Job.work`), so it waits only for samples a helper has started. Results come back
+in index order and the first failing sample raises, so the batch is the one a single
+thread would load; a helper answers ``get_worker_info()`` as the owner does.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """The tail of an epoch: its last batches split across worker processes that would idle.
 
-A process worker loads whole batches, so the last batches of an epoch can leave workers
-idle: 10 slow batches on 4 workers take 3 rounds where 2.5 would do. When batches are slow
-(see :func:`~stoker._policy.worth_splitting`), the dataset leaves the global random generators alone
-(so a part seeded like its batch loads the same samples) and the loader uses the default
-collate, the iterator asks :func:`plan` how to cut a task among the workers that would
-otherwise finish early, sends the parts as tasks of their own, and joins the collated parts
-with :func:`concat`: the batch that one worker would have made, for one more copy of it,
-into memory the loader keeps (rewritten while the parts load, so the copy meets no page
-faults). A loader remembers its batches' load time and size, so a fresh iterator may split
-its tail from the start.
+A process worker loads whole batches, so an epoch's last batches can leave workers idle.
+When batches are slow (see :func:`~stoker._policy.worth_splitting`), the dataset leaves the
+global random generators alone (so a part seeded like its batch loads the same samples)
+and the loader uses the default collate, the iterator asks :func:`plan` how to cut a task
+among the workers that would finish early, sends the parts as tasks of their own, and
+joins the collated parts with :func:`concat` into memory the loader keeps: the batch one
+worker would have made, for one more copy. A loader remembers its batches' load time and
+size, so a fresh iterator may split its tail from the start. See ``docs/engine.md``,
+"Tail split".
 """
 
 from __future__ import annotations

@@ -1,32 +1,21 @@
 """Transport: how a batch and a failure cross from a worker to the main process.
 
-Two implementations of one small protocol (``encode`` in the worker, ``decode`` in the main
+Two implementations of one protocol (``encode`` in the worker, ``decode`` in the main
 process):
 
-- **shared memory** (process workers): :func:`encode` pickles the batch's *structure* with
-  every array or tensor leaf replaced by a reference to its place in the worker's slot
-  (``persistent_id``); leaves that collate did not write into the slot are copied in. Only
-  that metadata crosses the pipe. A batch that is a tuple or list of a few arrays (what the
-  default collate makes of most datasets) skips the pickler: its metadata is the list of
-  leaf references itself; so does a group of such batches (tiny ones, written into one
-  slot and sent as one message, see :func:`stoker._policy.group_size`). :func:`decode` maps
-  the slot and rebuilds the leaves as NumPy views (``torch.from_numpy`` of them for tensors); a
-  ``weakref.finalize`` on the memoryview that every view shares returns the slot when the
-  last view dies.
-- **in-process** (thread workers and tests): the batch object itself is passed; nothing is
-  encoded.
+- **shared memory** (process workers): :func:`encode` pickles the batch's structure, each
+  array or tensor leaf replaced by a reference into the worker's slot, so only metadata
+  crosses the pipe (plain tuples or lists of arrays skip the pickler);
+  :func:`decode` rebuilds the leaves as views of the slot, which returns when the last
+  view dies.
+- **in-process** (thread workers): the batch object itself.
 
-Messages cross the pipes framed as ``multiprocessing.connection.Connection`` frames them
-(a 4-byte big-endian length, then a pickle) but written in one call (:func:`send`); the
-receiver reads through an :class:`Inbox`, which takes everything the pipe holds in one read
-and hands the messages out one by one (several results or tasks that arrived together cost
-one wake-up and one system call). A worker writes through an
-:class:`Outbox`, which holds the results of tiny, fast batches for up to a millisecond so
-that several go in one write.
-
-Exceptions travel as :class:`RemoteError` payloads that rebuild the original type with a
-note (worker id, indices, traceback), or a ``RuntimeError`` whose ``__cause__`` carries the
-worker's traceback when the type cannot be rebuilt (PyTorch issue 30147).
+:func:`send` writes a ``multiprocessing.connection`` frame in one call; an :class:`Inbox`
+reads all that a pipe holds at once; an :class:`Outbox` holds tiny batches' results
+briefly to share a write. Exceptions travel as :class:`RemoteError` payloads
+that rebuild the original type with a note, or a ``RuntimeError`` whose ``__cause__``
+carries the worker's traceback (PyTorch issue 30147). See ``docs/engine.md``, "One copy
+per batch".
 """
 
 from __future__ import annotations

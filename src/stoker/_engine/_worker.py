@@ -102,23 +102,15 @@ def _enter_epoch(args: WorkerArgs, seed: int, whole_process: bool) -> bool:
 class RngGuard:
     """Keeps thread workers deterministic when a dataset draws from the global RNGs.
 
-    Threads share Python's ``random``, NumPy's global RNG and torch's, so a batch can only
-    get its own (seed, epoch, k) stream if no other thread draws meanwhile. At the start of
-    each epoch, until the dataset has shown whether it draws, batches are fetched in
-    parallel, unseeded, and the global RNG states are compared around each fetch: a fetch
-    during which no state moved did not depend on them, so its batch stands and the
-    epoch's later ones run in parallel; once a state moved, the dataset draws, and that
-    batch and every later one of the epoch is fetched again seeded, under the lock, one at
-    a time (use process workers for parallel augmentation). So a dataset that starts
-    drawing in a later epoch is seen, but one that draws only for some batches of an epoch
-    may draw unseeded, in thread order, for those after the first ones. Checking every
-    fetch would not help: the training loop's own draws (dropout) would count as the
-    dataset's and make every batch serial. Process workers have no such limit.
-
-    One lock for the whole process, since the RNGs are process-wide. After a seeded batch
-    the main thread's own streams go on, as in process; a training loop that draws from
-    the global RNGs *while* a batch is seeded takes from that batch's stream, so with a
-    dataset that draws, only process workers keep batches and loop apart.
+    Threads share Python's, NumPy's and torch's global RNGs, so a batch gets its own
+    (seed, epoch, k) stream only if no other thread draws meanwhile. At each epoch's start,
+    until the dataset shows whether it draws, batches are fetched in parallel, unseeded,
+    with the RNG states compared around each fetch: a fetch that moved none stands and the
+    epoch goes on in parallel; once one moved, that batch and the rest of the epoch are
+    fetched again seeded, under one process-wide lock, one at a time. Checking every fetch
+    would make every batch serial, as the training loop's own draws would count as the
+    dataset's. Process workers have no such limits; see ``docs/engine.md``, "Thread mode
+    and RNGs".
 
     Worker threads call :meth:`fetch`; the main thread calls :meth:`new_epoch` before it
     sends an epoch's tasks.
@@ -189,24 +181,21 @@ class WorkerArgs:
 
     Attributes:
         worker_id: the worker's index.
-        num_workers: how many workers the loader runs.
+        num_workers: the loader's worker count.
         seed: the worker's seed when it starts (see :func:`worker_seed`).
-        fetcher: the loader's fetcher (dataset and collate function).
-        worker_init_fn: the user's hook, called with ``worker_id`` after seeding.
+        fetcher: the loader's fetcher.
+        worker_init_fn: the user's hook, called after seeding.
         prefix: the worker's shared-memory segment name prefix.
         keep_free: free slots the worker keeps for reuse.
         steady: slots the worker needs once batches flow (see :class:`Arena`).
-        window: slots in flight for the whole loader (for error messages).
-        import_torch: import torch in the worker (the main process had it imported).
-        pin_device: pin batches in the worker (thread workers only).
-        rng_guard: the guard shared by a pool's thread workers (threads only).
-        board: where a pool's idle thread workers take samples of slow batches (threads
-            only; see :mod:`stoker._engine._split`).
-        buffers: the loader's reusable memory for large leaves (threads only).
-        warm: (name, mmap) of segments an earlier worker of the loader used, inherited
-            through fork; the arena starts with them as free slots.
-        hand_off: when told to stop, leave the slots the main process never saw (made
-            ahead and not used yet) for it to keep too, not unlinked (fork).
+        window: the loader's slots in flight (for error messages).
+        import_torch: import torch first (the main process had it).
+        pin_device: pin batches in the worker (threads only).
+        rng_guard: the guard a pool's thread workers share (threads only).
+        board: where idle threads take samples of slow batches (threads only).
+        buffers: reusable memory for large leaves (threads only).
+        warm: (name, mmap) of segments inherited through fork, adopted as free slots.
+        hand_off: on stop, leave slots made ahead and unused to the main process (fork).
     """
 
     worker_id: int
