@@ -75,8 +75,8 @@ def starts_lazily(free: bool, fork: bool, last_first_batch_s: float) -> bool:
     """Whether an iterator starts one worker first and the others after its first batch.
 
     Only where stoker assigns freely (workers running the user's code may wait for each
-    other), under fork (each fork costs the main process a few milliseconds of page-table
-    copying, while spawned workers start so slowly that all start at once), and unless the
+    other), under fork (each fork costs the main process a copy of its page
+    table, while spawned workers start so slowly that all start at once), and unless the
     loader's last epoch waited longer than :data:`EAGER_AFTER_S` for its first batch.
 
     >>> starts_lazily(True, True, 0.0), starts_lazily(True, True, 0.5)

@@ -63,9 +63,9 @@ class BufferPool:
         """Write the free buffers once more, in a helper thread, ahead of their use.
 
         On a busy VM, memory that lay idle while other programs ran can fault back in page
-        by page when next written (about 0.7 ms per MiB here, against 0.1 ms for the copy):
-        a caller that knows it will soon need the buffers, and is still waiting for the
-        data, pays for that now. ``alloc`` waits for the helper before it takes a buffer.
+        by page when next written, at a cost well above the copy's: a caller that knows it
+        will soon need the buffers, and is still waiting for the data, pays for that now.
+        ``alloc`` waits for the helper before it takes a buffer.
         """
         with self._lock:
             if self._warming is not None or not self._free:
@@ -100,7 +100,7 @@ class BufferPool:
             return np.empty(nbytes, np.uint8)
         # Shared, not private, memory: a worker forked while the pool holds it inherits the
         # mapping without copying its page table, and the next write here is a plain write,
-        # not a copy-on-write fault per page (about 0.7 ms per MiB here).
+        # not a copy-on-write fault per page.
         return np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
 
     def _give_back(self, buf: np.ndarray[Any, Any]) -> None:

@@ -155,7 +155,7 @@ _new = tuple.__new__
 
 def to_wire(msg: Any) -> Any:
     """A message as it is pickled for a pipe: a plain tuple of its type's code and its
-    fields (a NamedTuple pickles and unpickles several times slower); None as it is.
+    fields (a NamedTuple costs more to pickle and unpickle); None as it is.
 
     >>> from_wire(to_wire(Exhausted(3, 7))), from_wire(to_wire(None))
     (Exhausted(generation=3, idx=7), None)

@@ -580,7 +580,7 @@ class MultiWorkerIterator:
 
     def _join(self, k: int, parts: list[Any]) -> Any:
         # Into memory this loader reuses: fresh memory for a large batch costs far more in
-        # page faults than the copy (up to 250 ms per 100 MiB here, against 10 ms).
+        # page faults than the copy.
         buffers = self._memory.buffers(JOIN_BUFFERS)
         try:
             return concat(parts, buffers.alloc)

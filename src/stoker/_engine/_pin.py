@@ -32,7 +32,7 @@ _HOST_REGISTER_PORTABLE = 1
 """``cudaHostRegisterPortable``: pinned for every CUDA context, as torch's pinned memory."""
 REGISTER_SLOTS = True
 """Whether process workers' slots are registered (False: every batch is copied into pinned
-memory, as torch does; benchmarks compare the two)."""
+memory, as torch does, so that the two can be compared)."""
 
 
 def pin_device(pin_memory_device: str) -> str | None:

@@ -422,8 +422,8 @@ class ProcessPool:
     def lazy_start(self) -> bool:
         """Whether to start one worker first and the others after the first batch.
 
-        Under fork each start costs the main process a few milliseconds (copying its page
-        tables); the first batch needs only one worker. Spawned workers start slowly, so
+        Under fork each start costs the main process a copy of its page tables; the first
+        batch needs only one worker. Spawned workers start slowly, so
         they all start at once.
         """
         return self._method == "fork"
@@ -453,7 +453,7 @@ class ProcessPool:
     def flush_freed(self) -> None:
         """Return freed slots of big batches at once, not with the next tasks.
 
-        Creating a big slot costs page faults (~0.5 ms per MiB here); a small one costs
+        Creating a big slot costs page faults in proportion to its size; a small one costs
         less than the extra message.
         """
         for w in self.workers:
@@ -626,11 +626,11 @@ def _said_bye(w: _ProcWorker, deadline: float) -> bool:
 def _reaper() -> Callable[[list[_ProcWorker]], None]:
     """Start a thread that waits for the exits of the workers handed to it; return the hand.
 
-    A worker's exit tears down its copy of the main process's address space (~5 ms with
-    torch loaded): the loop need not wait for it. A worker that does not exit in time is
+    A worker's exit tears down its copy of the main process's address space, which takes
+    a while with torch loaded: the loop need not wait for it. A worker that does not exit in time is
     killed; one that failed has its segments unlinked for it. The thread starts before the
-    workers are told to stop: started while they tear down, it would wait ~4 ms for a core,
-    and ``Thread.start`` with it. The hand must be called once, even with no workers.
+    workers are told to stop: started while they tear down, it would wait for a core, and
+    ``Thread.start`` with it. The hand must be called once, even with no workers.
     """
     handed: queue.SimpleQueue[list[_ProcWorker]] = queue.SimpleQueue()
 

@@ -89,9 +89,9 @@ def write_all(fd: int, chunks: list[bytes]) -> None:
 
 
 def pack_tasks(tasks: list[Task]) -> list[tuple[Any, ...]]:
-    """Tasks as plain tuples for the pipe (a NamedTuple pickles several times slower), each
+    """Tasks as plain tuples for the pipe (a NamedTuple costs more to pickle), each
     with how its indices travel: 1-D integer index arrays as raw bytes, with their dtype
-    (about ten times cheaper to pickle than the array); other tasks as they are, with None.
+    (far cheaper to pickle than the array); other tasks as they are, with None.
     A group of tiny batches (``task`` a list of tasks, ``seed`` a tuple, see
     :func:`stoker._policy.group_size`) has ``("g", dtype)``, its index arrays joined in one
     bytes object with their lengths.

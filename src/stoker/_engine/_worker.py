@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.random  # loaded once here, not in each new worker (~8 ms each)
+import numpy.random  # loaded once here, not again in each new worker
 
 from stoker import _torch
 from stoker._engine._buffers import BufferPool
@@ -378,15 +378,15 @@ def _say_bye(
     args: WorkerArgs, conn: Any, kept: list[tuple[str, int]], ended: _Ended | None
 ) -> None:
     """Send :class:`Bye`: this worker writes no slot from here on, so the main process may
-    hand them on and stop waiting (it reaps the exit, ~5 ms of address-space teardown, in
-    the back)."""
+    hand them on and stop waiting (it reaps the exit, an address-space teardown, in the
+    back)."""
     try:
         why = None if ended is None else (ended.remote.summary(), ended.code)
         send(conn, Bye(kept, why))
     except (OSError, ValueError):  # nobody to take them: unlink them too
         unlink_prefix(args.prefix)
     # What is left of a forked worker is the exit: tearing down this copy of the main
-    # process's address space (~5 ms with torch loaded). At the lowest priority, it
+    # process's address space (slow with torch loaded). At the lowest priority, it
     # waits for a free core instead of taking one from the main process or the other
     # workers still loading. Not a spawned worker (``hand_off`` is for fork only): its
     # exit runs the interpreter's finalization, which on a busy machine would starve
@@ -671,7 +671,8 @@ def _load_group(args: WorkerArgs, sink: _Sink, task: Task) -> None:
     """Fetch and ship a group of tiny batches (task indices ``task.idx``, ``+ 1``, ...):
     each seeded from (seed, epoch, its own batch number), as a batch sent alone, and a
     :class:`RemoteError` in place of each that raised. The finished batches wait for the
-    group's last one: only batches measured to load in well under a millisecond are grouped
+    group's last one: only batches measured to load in less than
+    :data:`~stoker._policy.FAST_BATCH_S` are grouped
     (see :func:`~stoker._policy.group_size`)."""
     base, epoch, ks = task.seed
     started = time.perf_counter()
