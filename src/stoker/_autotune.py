@@ -2,11 +2,10 @@
 
 One :class:`Autotuner` per loader, kept across epochs. After each delivered batch the
 iterator asks it whether to add a worker or deepen the prefetch window; once per window of
-batches it decides: stop when the last
-addition did not raise batches/s by ``_MIN_GAIN`` or the consumer waited less than
-``_INPUT_BOUND`` of the window; else add the workers the wait predicts, within the pool's
-capacity, the CPUs and memory (:func:`memory_budget`); else, with
-``prefetch_factor="auto"``, deepen the window. After an epoch whose workers were mostly
+batches it decides: stop when the last addition did not raise batches/s by ``_MIN_GAIN``
+or the consumer waited less than ``_INPUT_BOUND`` of the window; else add the workers the
+wait predicts, within the pool's capacity, the CPUs and memory (:func:`memory_budget`);
+else, with ``prefetch_factor="auto"``, deepen the window. After an epoch whose workers were mostly
 idle it may try loading in process (:func:`~stoker._policy.may_load_in_process`), and
 keeps that only if it was faster.
 
