@@ -76,22 +76,23 @@ def test_tail_batches_are_split_and_equal_to_one_process() -> None:
 
 def test_joins_reuse_the_loaders_memory() -> None:
     """A joined batch of large leaves is written into memory the loader keeps: once the
-    loop dropped it, the next epoch's joins use the same buffers (no fresh page faults)."""
+    loop dropped it, later epochs' joins use the buffers earlier joins used (no fresh page
+    faults)."""
     loader = DataLoader(Waits(floats=1 << 17), batch_size=BATCH, num_workers=4)
-    list(loader)  # measures the batches: the next epochs split their tail
-
+    used = _joined_addresses(loader, split=False)  # measures the batches: the next split
     first = _joined_addresses(loader)  # the batches die here: their buffers return
+    used |= first
     second = _joined_addresses(loader)
-    # How many batches get split depends on timing; every one the kept buffers can hold
-    # must reuse one, so only joins beyond the first epoch's count may take fresh memory.
-    assert first and len(second - first) <= max(0, len(second) - len(first)), (first, second)
+    # How many batches are split, and which kept buffer each takes, depends on timing;
+    # only joins beyond the buffers already made may take fresh memory.
+    assert first and len(second - used) <= max(0, len(second) - len(used)), (used, second)
     del loader
 
 
-def _joined_addresses(loader: DataLoader[Any]) -> set[int]:
+def _joined_addresses(loader: DataLoader[Any], split: bool = True) -> set[int]:
     """Where the epoch's joined batches (loaded by several workers) keep their samples."""
     batches = list(loader)
-    assert max(_pids(batches)) >= 2
+    assert max(_pids(batches)) >= 2 or not split
     return {b["x"].ctypes.data for b in batches if len(set(b["pid"].tolist())) > 1}
 
 

@@ -14,10 +14,6 @@ MAX_LINES = 60
 ALLOWED = {
     # argument validation of torch's signature, allowed by issue #23
     "_loader.py:DataLoader.__init__",
-    # being split by the engine restructuring (issue #23); the lead empties these after merging
-    "_engine/_worker.py:process_worker",
-    "_engine/_worker.py:_serve",
-    "_engine/_worker.py:_serve_thread",
 }
 
 
