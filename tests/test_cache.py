@@ -203,9 +203,10 @@ def _epochs(dataset: Any, epochs: int = 2, **kw: Any) -> tuple[list[list[Any]], 
         {},
         {"num_workers": 2, "multiprocessing_context": "fork"},
         {"num_workers": 2, "multiprocessing_context": "spawn", "persistent_workers": True},
+        {"num_workers": 2, "multiprocessing_context": "forkserver"},
         {"num_workers": 2, "worker_mode": "thread"},
     ],
-    ids=["in-process", "fork", "spawn", "threads"],
+    ids=["in-process", "fork", "spawn", "forkserver", "threads"],
 )
 def test_cached_batches_equal_uncached_ones_and_workers_share_the_counts(
     kw: dict[str, Any],
