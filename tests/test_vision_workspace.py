@@ -30,6 +30,19 @@ def test_a_slot_holds_its_file_while_other_slots_are_read(tmp_path: Path) -> Non
     assert bytes(a) == b"a" * 300 and bytes(b) == b"b" * 900
 
 
+def test_a_thread_keeps_file_buffers_up_to_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_workspace, "KEEP_FILE_BYTES", 10_000)
+    _workspace.workspace().pop("files", None)
+    for i in range(4):
+        (tmp_path / f"f{i}").write_bytes(bytes([i]) * 3000)
+    views = [_workspace.read(str(tmp_path / f"f{i}"), i) for i in range(4)]
+    assert [bytes(v) for v in views] == [bytes([i]) * 3000 for i in range(4)]
+    kept = _workspace.workspace()["files"]
+    assert sum(map(len, kept)) <= 10_000 and len([b for b in kept if b]) == 2
+
+
 def test_a_missing_file_raises_as_open_does(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope"):
         _workspace.read(str(tmp_path / "nope"), 0)

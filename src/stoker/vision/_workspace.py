@@ -18,6 +18,8 @@ _free: list[dict[str, Any]] = []
 _lock = threading.Lock()
 _KEEP = 16
 """At most this many idle workspaces are kept (one per decode thread ever run at once)."""
+KEEP_FILE_BYTES = 64 << 20
+"""The most file buffers one thread keeps: a batch of typical JPEGs, not of huge ones."""
 
 
 def workspace() -> dict[str, Any]:
@@ -62,7 +64,9 @@ def read(path: str, slot: int) -> memoryview:
 
     A batch's files stay alive together until its images are decoded; read as fresh
     ``bytes``, their memory goes back to the OS when the batch ends and every next batch
-    faults it in again. The view is valid until this thread reads into ``slot`` again.
+    faults it in again. The view is valid until this thread reads into ``slot`` again. A
+    thread keeps at most :data:`KEEP_FILE_BYTES` of such buffers; files past that are read
+    as plain ``bytes``.
     """
     buffers: list[bytearray] = workspace().setdefault("files", [])
     while len(buffers) <= slot:
@@ -70,7 +74,10 @@ def read(path: str, slot: int) -> memoryview:
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size + 1  # one more byte: sees a file that grew
         if len(buffers[slot]) < size:
-            buffers[slot] = bytearray(size + (size >> 3))
+            grown = size + (size >> 3)
+            if sum(map(len, buffers)) - len(buffers[slot]) + grown > KEEP_FILE_BYTES:
+                return memoryview(f.read())
+            buffers[slot] = bytearray(grown)
         view, n = memoryview(buffers[slot]), 0
         while n < size and (got := f.readinto(view[n:size])):
             n += got
