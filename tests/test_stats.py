@@ -101,20 +101,21 @@ def test_input_bound_fraction_agrees_with_the_consumer() -> None:
         num_workers=1,
         multiprocessing_context="fork",
     )
-    waited = 0.0
-    start = time.perf_counter()
+    # Both sides measure the same span, from the iterator's start (its workers started) to
+    # the last delivery: what follows (the last step, the epoch's end) is in neither.
+    waited, batches = 0.0, len(loader)
     it = iter(loader)
-    while True:
+    start = time.perf_counter()
+    for k in range(batches):
         t0 = time.perf_counter()
-        try:
-            next(it)
-        except StopIteration:
-            waited += time.perf_counter() - t0
-            break
-        waited += time.perf_counter() - t0
-        time.sleep(_CONSUMER_SLEEP_S)  # simulated training step
-    own = waited / (time.perf_counter() - start)
+        next(it)
+        last = time.perf_counter()
+        waited += last - t0
+        if k < batches - 1:
+            time.sleep(_CONSUMER_SLEEP_S)  # simulated training step
+    own = waited / (last - start)
     stats = loader.statistics()
+    assert list(it) == []  # the end of the epoch: the worker stops
     assert 0.2 < own < 0.8  # worker 20 ms per batch, consumer 10 ms: about half waiting
     assert abs(stats.input_bound - own) < 0.05
 
