@@ -57,6 +57,8 @@ ROWS = 64
 the last row share it: their counts may then lose increments; the data never does)."""
 
 EMPTY, WRITING, READY = 0, 1, 2
+STALE, CORRUPT = -1, -2
+"""What :meth:`_Store.read` says of an entry it does not serve (negative: to replace)."""
 _UNDECIDED, _ON, _OFF, _PRELOADED = 0, 1, 2, 3
 _DECISIONS = {_UNDECIDED: "measuring", _ON: "caching", _OFF: "off", _PRELOADED: "preloaded"}
 # header fields (int64 each, after the 8-byte magic)
@@ -401,18 +403,18 @@ class _Store:
 
     def read(self, index: int, stamp: int) -> tuple[Any, int]:
         """(the sample, status): status READY when served, EMPTY when absent, WRITING when
-        being written elsewhere, -1 when stale, -2 when corrupt."""
+        being written elsewhere, STALE or CORRUPT otherwise."""
         t, row = self.table, index * _T_FIELDS
         state = t[row + _T_STATE]
         if state != READY:
             return None, min(state, WRITING)
         offset, length = t[row + _T_OFFSET], t[row + _T_LENGTH]
         if t[row + _T_STAMP] != stamp:
-            return None, -1
+            return None, STALE
         if self._verified is not None and not self._verified[index]:
             ok = self.data_start <= offset and offset + length <= self.size
             if not ok or zlib.crc32(self.mm[offset : offset + length]) != t[row + _T_CRC]:
-                return None, -2
+                return None, CORRUPT
             self._verified[index] = True
         return decode(self.mm, offset), READY
 
@@ -566,9 +568,9 @@ class CachedDataset:
             counters[row + _C_HITS] += 1
             return sample
         counters[row + _C_MISSES] += 1
-        if status == -1:
+        if status == STALE:
             counters[row + _C_STALE] += 1
-        elif status == -2:
+        elif status == CORRUPT:
             counters[row + _C_CORRUPT] += 1
         t0 = time.perf_counter()
         sample = self.dataset[index]
