@@ -1,18 +1,15 @@
-"""``num_workers="auto"`` and ``prefetch_factor="auto"``: pick them by measuring.
+"""``num_workers``, ``prefetch_factor`` and ``worker_mode`` ``"auto"``: pick them by measuring.
 
-One :class:`Autotuner` per loader, kept across epochs. After each delivered batch the
-iterator asks it whether to add a worker or deepen the prefetch window; once per window of
-batches it decides: stop when the last addition did not raise batches/s by ``_MIN_GAIN``
-or the consumer waited less than ``_INPUT_BOUND`` of the window; else add the workers the
-wait predicts, within the pool's capacity, the CPUs and memory (:func:`memory_budget`);
-else, with ``prefetch_factor="auto"``, deepen the window. After an epoch whose workers were mostly
-idle it may try loading in process (:func:`~stoker._policy.may_load_in_process`), and
-keeps that only if it was faster.
-
-Output does not depend on any of this: batch ``k`` is seeded from (seed, epoch, k) and
-delivered in order. Every decision is logged (logger ``stoker._autotune``, INFO) and listed
-in ``loader.statistics().autotune``. The rule and its reasons: ``docs/engine.md``,
-"Autotune".
+One :class:`Autotuner` per loader, kept across epochs. The model, from a worker's first
+samples (a :class:`~stoker._engine._messages.Probe`, before its batch is done): a fetch of
+``w`` seconds, ``c`` of them CPU, keeps ``c / w`` of a CPU busy, so the count goes straight
+to ``(CPUs + _CPU_SLACK) / (c / w)`` (for a slow batch), within capacity, the epoch's batches and the memory
+budget. Then, per window of batches, it adds the workers the consumer's wait
+predicts (or deepens prefetch) until that gains under ``_MIN_GAIN``. ``worker_mode="auto"``
+starts with threads, kept where a fetch mostly waits or threads side by side use more CPU
+than one (the GIL is released); else the next epoch runs processes. An idle epoch may
+bring an in-process trial. Output never depends on this (batch ``k`` is seeded from
+(seed, epoch, k)); decisions go to ``statistics().autotune``. Reasons: ``docs/engine.md``.
 """
 
 from __future__ import annotations
@@ -25,9 +22,10 @@ from typing import TYPE_CHECKING
 from stoker import _osprobe
 from stoker._cache import shm_room_bytes
 from stoker._osprobe import available_cpus, idle_cpus, idle_ticks, tree_cpu_seconds
-from stoker._policy import prefetch_of
+from stoker._policy import prefetch_of, threads_suffice
 
 if TYPE_CHECKING:
+    from stoker._engine._messages import Probe
     from stoker._stats import StatsRecorder
 
 _logger = logging.getLogger(__name__)
@@ -61,6 +59,10 @@ _WORKERS_PER_CPU = 4
 """Capacity: process workers per CPU (waiting workers use little CPU; measuring decides)."""
 _MAX_CAPACITY = 32
 """At most this many workers, whatever the CPU count."""
+_JUMP_BATCH_S = 0.02
+"""A batch the probe says loads slower than this sends the count straight to the model's:
+an epoch may be over before windows of such batches reach it. Faster batches are tuned by
+windows, which then take milliseconds and also see how fast the consumer takes batches."""
 _MIN_EPOCH_BATCHES = 8
 """Fewest batches an epoch needs to count in the in-process comparison."""
 _BUSY_SHARE = 0.8
@@ -82,6 +84,8 @@ class Autotuner:
         tune_prefetch: whether ``prefetch_factor`` is ``"auto"``.
         shared_memory: whether batches cross through /dev/shm (process workers).
         in_process: whether loading in process (0 workers) may be tried.
+        mode: the worker mode to start with.
+        tune_mode: whether ``worker_mode`` is ``"auto"``.
     """
 
     def __init__(
@@ -93,8 +97,15 @@ class Autotuner:
         tune_prefetch: bool,
         shared_memory: bool,
         in_process: bool = False,
+        mode: str = "process",
+        tune_mode: bool = False,
     ) -> None:
         self.workers = workers
+        self.mode = mode
+        self.tune_mode = tune_mode
+        self._probed = False  # a probe decided (the count, the mode)
+        self._predicted = workers  # the count the probe's model gave
+        self._switch: str | None = None  # the mode the next epoch switches to
         self.capacity = capacity
         self.prefetch = prefetch
         self.tune_workers = tune_workers
@@ -129,6 +140,11 @@ class Autotuner:
         cpus = available_cpus()
         tune_workers = num_workers == "auto"
         tune_prefetch = prefetch_factor == "auto"
+        # worker_mode="auto" starts with threads (they start at once, and show whether the
+        # fetch releases the GIL); an iterable dataset's draws are seeded per epoch in a
+        # process, per batch in a thread, so its mode is fixed.
+        tune_mode = worker_mode == "auto" and not iterable
+        mode = "thread" if tune_mode else worker_mode.replace("auto", "process")
         if tune_workers:
             capacity = min(_MAX_CAPACITY, max(2, _WORKERS_PER_CPU * cpus))
             workers = 1
@@ -145,11 +161,15 @@ class Autotuner:
             prefetch_of(prefetch_factor),
             tune_workers,
             tune_prefetch,
-            shared_memory=worker_mode == "process",
+            shared_memory=mode == "process",
             in_process=in_process,
+            mode=mode,
+            tune_mode=tune_mode,
         )
         if num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
+        if worker_mode == "auto" and not tune_mode:
+            tuner.decide("iterable dataset: process workers (its draws are seeded per epoch)")
         # A fixed count and prefetch: only the end-of-epoch comparison with in process.
         tuner.settled = num_workers != "auto" and not tune_prefetch
         return tuner
@@ -158,6 +178,79 @@ class Autotuner:
     def trying_in_process(self) -> bool:
         """Whether the next epoch is the in-process trial (persistent workers wait it out)."""
         return self.workers == 0 and self._in_process
+
+    @property
+    def wants_probe(self) -> bool:
+        """Whether the next iterator's workers should time their first samples."""
+        return (self.tune_workers or self.tune_mode) and not self._probed
+
+    def probe(self, p: Probe, batches_left: int | None) -> int:
+        """A worker's first samples are timed: go to the count the model predicts (module
+        docstring) and, with ``worker_mode="auto"``, choose the next epoch's mode. Returns
+        the workers to add now; only the first probe decides.
+
+        Args:
+            p: the worker's report.
+            batches_left: batches of the epoch not delivered yet, or None if unknown.
+        """
+        if self._probed:
+            return KEEP
+        self._probed = True
+        share = min(1.0, p.cpu / max(p.wall, 1e-9))  # of a CPU, a fetch on its thread
+        if p.nbytes:
+            self._batch_bytes = max(self._batch_bytes, p.nbytes * max(1, p.batch_len))
+        want, why = self._predict(share, batches_left)
+        if self.tune_mode:
+            self._choose_mode(p, share)
+        self._predicted = want
+        if not self.tune_workers or p.wall * p.batch_len < _JUMP_BATCH_S:
+            return KEEP
+        more = max(0, want - self.workers)
+        self.decide(
+            f"{self.workers + more} workers (+{more}) from the first samples: one takes "
+            f"{p.wall * 1e3:.3g} ms, {share:.0%} of it CPU; {why}"
+        )
+        self.workers += more
+        return more
+
+    def next_mode(self) -> str:
+        """The mode of the iterator the loader makes next: a switch the probe chose takes
+        effect here, at an epoch's boundary, and tuning starts again from the model's count
+        (a count settled with threads that contend for the GIL is no measure of processes)."""
+        if self._switch is not None:
+            self.mode, self._switch = self._switch, None
+            self.shared_memory = self.mode == "process"
+            if self.tune_workers:
+                self.workers, self.settled = max(1, self._predicted), False
+        return self.mode
+
+    def _predict(self, share: float, batches_left: int | None) -> tuple[int, str]:
+        """The count the model predicts for a fetch using ``share`` of a CPU, and why."""
+        cpus = available_cpus()
+        limits = {
+            f"{cpus} CPUs": int((cpus + _CPU_SLACK) / max(share, 1 / _MAX_CAPACITY)),
+            f"a capacity of {self.capacity}": self.capacity,
+        }
+        if batches_left is not None:
+            limits[f"{batches_left} batches left"] = batches_left
+        if self._batch_bytes:
+            per_worker = (self.prefetch + 1) * self._batch_bytes
+            limits[f"{self._budget >> 20} MiB for batches"] = self._budget // per_worker
+        name = min(limits, key=limits.__getitem__)
+        return max(1, limits[name]), f"{name} bound it"
+
+    def _choose_mode(self, p: Probe, share: float) -> None:
+        """The mode for the next epochs, from a thread worker's probe (module docstring)."""
+        if self.mode != "thread":
+            return
+        speedup = p.threads * p.rest_cpu / max(p.rest_wall, 1e-9) / max(share, 1e-9)
+        keep, why = threads_suffice(1.0 - share, p.threads, speedup)
+        if keep:
+            self.tune_mode = False
+            self.decide(f"thread workers: {why}")
+            return
+        self._switch, self.tune_mode = "process", False
+        self.decide(f"process workers from the next epoch: {why}")
 
     def decide(self, text: str) -> None:
         """Record and log a decision."""

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 T_co = TypeVar("T_co", covariant=True)
 
-_WORKER_MODES = ("process", "thread")
+_WORKER_MODES = ("process", "thread", "auto")
 _FROZEN_AFTER_INIT = (
     "batch_size",
     "batch_sampler",
@@ -74,7 +74,9 @@ class DataLoader(Generic[T_co]):
         generator: also an int seed or a ``numpy.random.Generator``.
         prefetch_factor: also ``"auto"``: deepen the window while the consumer waits.
         tensor_type: None follows the data; ``"numpy"`` or ``"torch"`` force one.
-        worker_mode: ``"process"`` or ``"thread"`` workers.
+        worker_mode: ``"process"`` or ``"thread"`` workers, or ``"auto"``: threads where
+            the fetch releases the GIL (it mostly waits, or threads side by side gain),
+            else processes from the next epoch.
         skip_errors: 0 raises, as torch does; an int ``n`` or a fraction in (0, 1) skips
             up to that many failing samples per epoch, the same ones every run.
 
@@ -229,6 +231,7 @@ class DataLoader(Generic[T_co]):
         self.multiprocessing_context = multiprocessing_context
         self._iterable_len_reported: int | None = None
         self._iterator: MultiWorkerIterator | None = None
+        self._iterator_mode = worker_mode  # the persistent iterator's
         self._pin_device: str | None = None
         self._pin_checked = False
         self._base_seed: int | None = None
@@ -545,7 +548,7 @@ class DataLoader(Generic[T_co]):
         if self.num_workers != 0:  # a loader without workers never imports the tuner
             from stoker._autotune import Autotuner
 
-            auto = self.num_workers == "auto" or self.prefetch_factor == "auto"
+            auto = "auto" in (self.num_workers, self.prefetch_factor, self.worker_mode)
             in_process = may_load_in_process(
                 self.num_workers,
                 self._iterable,
@@ -572,7 +575,7 @@ class DataLoader(Generic[T_co]):
             num_workers=tuner.workers if tuner is not None else int(self.num_workers),
             capacity=tuner.capacity if tuner is not None else int(self.num_workers),
             prefetch=tuner.prefetch if tuner is not None else prefetch_of(self.prefetch_factor),
-            worker_mode=self.worker_mode,
+            worker_mode=tuner.mode if tuner is not None else self.worker_mode,
             context=self.multiprocessing_context,
             timeout=float(self.timeout),
             init_fn=self.worker_init_fn,
@@ -584,11 +587,16 @@ class DataLoader(Generic[T_co]):
             skip_errors=bool(self.skip_errors),
             warn_workers=self.num_workers != "auto",
             tuner=tuner,
+            probe=tuner is not None and tuner.wants_probe,
         )
 
     def __iter__(self) -> Iterator[Any]:
         tuner = self._autotuner()
         epochs = _Epochs(self)
+        mode = tuner.next_mode() if tuner is not None else self.worker_mode
+        if self._iterator is not None and mode != self._iterator_mode:
+            self._iterator.shutdown()  # worker_mode="auto" chose the other mode
+            self._iterator = None
         if self.num_workers == 0 or (tuner is not None and tuner.workers == 0):
             from stoker._engine._single import SingleProcessIterator
 
@@ -607,6 +615,7 @@ class DataLoader(Generic[T_co]):
         if self._iterator is None or not self._iterator.alive:
             self._draw_iterator_seed()  # torch draws once for persistent workers
             self._iterator = MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs)
+            self._iterator_mode = mode
         else:
             self._iterator.restart()
         return self._iterator

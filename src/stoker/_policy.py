@@ -14,6 +14,8 @@ unit tests (``tests/test_engine_policy.py``). The rules:
   (:data:`THREAD_SPLIT_MIN_S`): slow batches shared among workers that would idle.
 - **prefetch sizing** (:data:`DEFAULT_PREFETCH`, :func:`slots_kept_free`, ...): memory
   each worker and loader keeps for batches in flight.
+- **the autotuner's first look** (:data:`PROBE_SAMPLES`, :func:`threads_suffice`): what a
+  worker times, and when threads serve.
 """
 
 from __future__ import annotations
@@ -201,6 +203,39 @@ def thread_buffers(workers: int, prefetch: int) -> int:
     10
     """
     return workers * prefetch + 2
+
+
+# -- the autotuner's first look -----------------------------------------------------------
+
+PROBE_SAMPLES = 8
+"""Samples of its first batch a worker times before it reports them to the autotuner (see
+:mod:`stoker._engine._probe`): the first alone, the others with any helping threads; few,
+since an epoch may have only a handful of batches and the count must be right from the
+first."""
+THREADS_WAIT_SHARE = 0.5
+"""``worker_mode="auto"``: a fetch that waits (I/O, sleep: the GIL released) at least this
+share of its wall time runs in threads, which start at once and pass batches without a copy."""
+GIL_FREE_SPEEDUP = 1.5
+"""``worker_mode="auto"``: threads loading samples side by side must use this many times
+the CPU one uses alone for the fetch to count as releasing the GIL (held, they share one)."""
+
+
+def threads_suffice(waiting: float, threads: int, speedup: float) -> tuple[bool, str]:
+    """Whether thread workers serve a fetch that waits ``waiting`` of its time, and whose
+    ``threads`` threads side by side used ``speedup`` times the CPU of one alone; and why.
+    Else processes: only they run a fetch that holds the GIL in parallel.
+
+    >>> [threads_suffice(*a)[0] for a in [(0.9, 1, 0), (0.1, 4, 1.9), (0.1, 4, 1.0), (0.1, 1, 0)]]
+    [True, True, False, False]
+    """
+    if waiting >= THREADS_WAIT_SHARE:
+        return True, f"a fetch waits {waiting:.0%} of its time"
+    if threads < 2:
+        return False, f"a fetch computes {1 - waiting:.0%} of its time, no thread measured beside it"
+    side = f"{threads} threads side by side use {speedup:.2g}x the CPU of one"
+    if speedup >= GIL_FREE_SPEEDUP:
+        return True, f"{side}: the fetch releases the GIL"
+    return False, f"{side}: the fetch holds the GIL"
 
 
 # -- messages ----------------------------------------------------------------------------

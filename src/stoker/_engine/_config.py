@@ -46,6 +46,8 @@ class EngineConfig:
         skip_errors: whether failing samples may be skipped.
         warn_workers: warn when a fixed ``num_workers`` exceeds the CPUs.
         tuner: the loader's autotuner, kept across iterators, or None.
+        probe: whether workers time their first samples for the tuner (a
+            :class:`~stoker._engine._messages.Probe` each epoch).
     """
 
     make_fetcher: Callable[[], MapFetcher | IterableFetcher]
@@ -66,6 +68,7 @@ class EngineConfig:
     skip_errors: bool
     warn_workers: bool
     tuner: Autotuner | None
+    probe: bool = False
 
 
 class Epochs(Protocol):

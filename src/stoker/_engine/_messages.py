@@ -4,7 +4,8 @@ Main process -> worker: :class:`Work` (tasks and freed slots, one message per wo
 refill), ``None`` (stop), and, between thread workers only, :class:`Help`. Worker -> pool:
 :class:`Ready`, :class:`Inited`, :class:`StartFailed` and :class:`Bye` about the worker's
 life; :class:`Shipped` (process workers: a batch, or a group, in shared memory),
-:class:`Exhausted` and :class:`Failed` about tasks. The pool hands the iterator decoded
+:class:`Exhausted` and :class:`Failed` about tasks, :class:`Probe` about a first batch's
+samples (autotune). The pool hands the iterator decoded
 values: :class:`Loaded` / :class:`LoadedGroup` (a thread worker sends these itself),
 :class:`Exhausted`, :class:`Failed`, :class:`Ready` and :class:`StartFailed`; the iterator
 never sees a wire form. NamedTuples: they pickle almost as fast as plain tuples, and a
@@ -124,6 +125,25 @@ class LoadedGroup(NamedTuple):
     skipped: list[Any] | None
 
 
+class Probe(NamedTuple):
+    """Sent by a worker asked to (autotune) after the first samples of its first batch of
+    an epoch, before the batch is done (see :mod:`stoker._engine._probe`). ``wall`` and
+    ``cpu``: the first sample's seconds on its thread (a whole batch's per sample, with
+    ``samples`` its length, where samples load together); ``rest_wall``, ``rest_cpu``: the
+    mean of the ``samples - 1`` after it, loaded on ``threads`` threads side by side;
+    ``batch_len``: samples in the batch; ``nbytes``: the first sample's bytes (0: unknown)."""
+
+    generation: int
+    samples: int
+    wall: float
+    cpu: float
+    rest_wall: float
+    rest_cpu: float
+    threads: int
+    batch_len: int
+    nbytes: int
+
+
 class Exhausted(NamedTuple):
     """Sent by a worker of an iterable dataset that has no more data this epoch."""
 
@@ -139,15 +159,15 @@ class Failed(NamedTuple):
     error: RemoteError
 
 
-FromWorker = Ready | Inited | StartFailed | Bye | Shipped | Exhausted | Failed
+FromWorker = Ready | Inited | StartFailed | Bye | Shipped | Exhausted | Failed | Probe
 """What a process worker sends (a thread worker sends :class:`Loaded` for Shipped)."""
-ToIterator = Ready | StartFailed | Loaded | LoadedGroup | Exhausted | Failed
+ToIterator = Ready | StartFailed | Loaded | LoadedGroup | Exhausted | Failed | Probe
 """What a pool hands the iterator."""
 LIFE = (Ready, Inited, Bye)
 """Messages about a worker's life, noted by its pool (only Ready is passed on)."""
 
 _WIRE: tuple[type[tuple[Any, ...]], ...] = (
-    Shipped, Work, Exhausted, Failed, Ready, Inited, StartFailed, Bye,
+    Shipped, Work, Exhausted, Failed, Ready, Inited, StartFailed, Bye, Probe,
 )  # fmt: skip
 _CODE = {kind: code for code, kind in enumerate(_WIRE)}
 _new = tuple.__new__

@@ -30,6 +30,7 @@ from stoker._engine._messages import (
     Exhausted,
     Loaded,
     LoadedGroup,
+    Probe,
     Ready,
     StartFailed,
     Task,
@@ -515,6 +516,10 @@ class MultiWorkerIterator:
         if isinstance(msg, LoadedGroup):
             self._handle_group(wid, msg)
             return
+        if isinstance(msg, Probe):  # a worker's first samples, timed (autotune)
+            if self._tuner is not None:
+                self._autotune(msg)
+            return
         idx = msg.idx
         self._outstanding[wid] -= 1
         del self._task_worker[idx]
@@ -598,12 +603,20 @@ class MultiWorkerIterator:
         """(shared memory mapped for batches, tasks in flight) for ``loader.statistics()``."""
         return self._pool.shared_memory_bytes(), sum(self._outstanding)
 
-    def _autotune(self) -> None:
-        """Ask the tuner after a delivered batch; apply what it decides."""
+    def _autotune(self, probe: Probe | None = None) -> None:
+        """Ask the tuner after a delivered batch, or a worker's ``probe``; apply what it
+        decides."""
         from stoker._autotune import ADD_PREFETCH
 
         assert self._tuner is not None
-        decision = self._tuner.step(self._stats, self._pool.started_pids())
+        if probe is not None:
+            try:
+                left: int | None = self._epochs.length() - self._stats.batches
+            except TypeError:  # a batch sampler without a length
+                left = None
+            decision = self._tuner.probe(probe, left)
+        else:
+            decision = self._tuner.step(self._stats, self._pool.started_pids())
         for _ in range(max(0, decision)):
             self._add_worker()
         if decision == ADD_PREFETCH:

@@ -341,6 +341,7 @@ class ProcessPool:
                 import_torch=import_torch,
                 warm=warm[wid::n],
                 hand_off=method == "fork",
+                probe=config.probe,
             )
             parent, child = ctx.Pipe(duplex=True)
             _PARENT_ENDS.add(parent)
@@ -690,6 +691,7 @@ class ThreadPool:
                 rng_guard=guard,
                 board=board,
                 buffers=buffers,
+                probe=config.probe,
             )
             t = threading.Thread(
                 target=thread_worker,

@@ -48,6 +48,7 @@ from stoker._engine._messages import (
     Task,
 )
 from stoker._engine._pin import pin
+from stoker._engine._probe import SampleTimer
 from stoker._engine._shm import Arena, unlink_prefix
 from stoker._engine._split import HelpBoard
 from stoker._engine._transport import (
@@ -196,6 +197,8 @@ class WorkerArgs:
         buffers: reusable memory for large leaves (threads only).
         warm: (name, mmap) of segments inherited through fork, adopted as free slots.
         hand_off: on stop, leave slots made ahead and unused to the main process (fork).
+        probe: time the first samples of each epoch's first batch for the autotuner
+            (see :mod:`stoker._engine._probe`).
     """
 
     worker_id: int
@@ -214,6 +217,7 @@ class WorkerArgs:
     board: HelpBoard | None = None
     buffers: BufferPool | None = None
     warm: list[Any] = field(default_factory=list)
+    probe: bool = False
 
     @property
     def in_thread(self) -> bool:
@@ -463,8 +467,9 @@ class _Sink:
     def begin(self) -> None:
         """Before fetching a task's batch (or a group's)."""
 
-    def fetch(self, indices: Any, seed: int | None) -> tuple[Any, Any]:
-        """The batch of ``indices`` (seeded from ``seed``, unless None) and its skipped."""
+    def fetch(self, indices: Any, seed: int | None, timer: SampleTimer | None = None) -> Any:
+        """The batch of ``indices`` (seeded from ``seed``, unless None) and its skipped;
+        ``timer`` times its samples."""
         raise NotImplementedError
 
     def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
@@ -529,9 +534,11 @@ class _ShmSink(_Sink):
         # Making the slot (for a later batch too) may find /dev/shm full.
         self.arena.begin(ahead=bool(self.pending))
 
-    def fetch(self, indices: Any, seed: int | None) -> tuple[Any, Any]:
+    def fetch(self, indices: Any, seed: int | None, timer: SampleTimer | None = None) -> Any:
         if seed is not None:
             seed_globals(seed)
+        if timer is not None and isinstance(self.fetcher, MapFetcher):
+            return self.fetcher.fetch_skipping(indices, self.arena.alloc, timer.map_fn)
         return self.fetcher.fetch_skipping(indices, alloc=self.arena.alloc)
 
     def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
@@ -604,11 +611,17 @@ class _QueueSink(_Sink):
             seed, self.fetched = mix_seed(seed, self.fetched), self.fetched + 1
         return seed if self.fetcher.draws else None
 
-    def fetch(self, indices: Any, seed: int | None) -> tuple[Any, Any]:
+    def fetch(self, indices: Any, seed: int | None, timer: SampleTimer | None = None) -> Any:
+        split = self.split
+        if timer is not None and isinstance(self.fetcher, MapFetcher):
+            board_map = self.board.map
+            split = functools.partial(
+                self.split, map_fn=lambda fn, items: board_map(timer.wrap(fn), items)
+            )
         if seed is not None:
-            data, skipped = self.guard.fetch(self.split, indices, seed, self.whole)
+            data, skipped = self.guard.fetch(split, indices, seed, self.whole)
         else:
-            data, skipped = self.split(indices)
+            data, skipped = split(indices)
         if self.args.pin_device is not None and data is not None:
             data = pin(data, self.args.pin_device)
         return data, skipped
@@ -660,10 +673,17 @@ def _serve(args: WorkerArgs, sink: _Sink) -> None:
 
 
 def _load(sink: _Sink, task: Task, seed: int | None, first: bool) -> None:
-    """Fetch and ship one task's batch (its own frame: nothing of it outlives the call)."""
+    """Fetch and ship one task's batch (its own frame: nothing of it outlives the call);
+    an epoch's first, timed for the autotuner if it asks."""
     started = time.perf_counter()
     sink.begin()
-    data, skipped = sink.fetch(task.task, seed)
+    timer = None
+    if first and sink.args.probe:
+        size = len(task.task) if hasattr(task.task, "__len__") else 1
+        timer = SampleTimer(sink.send, task.generation, size)
+    data, skipped = sink.fetch(task.task, seed, timer)
+    if timer is not None:
+        timer.finish(started)
     sink.ship(task, data, skipped, started, first)
 
 

@@ -1,0 +1,119 @@
+"""A worker's timing of its first samples, sent before their batch is done.
+
+The autotuner must size the pool within an epoch's first batch (an epoch may have only a
+few), so a worker asked to (``WorkerArgs.probe``) times the samples of its first batch of
+an epoch: each one's wall time and CPU time on the thread that loads it. The first sample
+runs alone on its thread; thread workers' idle threads may help with the next ones, and
+how much CPU those take while running side by side tells whether the fetch releases the
+GIL. After :data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a
+dataset that loads a batch at once) one :class:`~stoker._engine._messages.Probe` goes out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from stoker._engine._messages import Probe
+from stoker._policy import PROBE_SAMPLES
+
+
+class SampleTimer:
+    """Times the samples of one batch until a probe is sent (thread-safe: helpers call it)."""
+
+    def __init__(self, send: Callable[[Any], None], generation: int, batch_len: int) -> None:
+        self._send = send
+        self._generation = generation
+        self._batch_len = batch_len
+        self._lock = threading.Lock()
+        self._first: tuple[float, float] | None = None  # (wall, cpu) of the first sample
+        self._rest = [0.0, 0.0]  # wall, cpu of the samples after it
+        self._threads: set[int] = set()
+        self._count = 0
+        self._nbytes = 0
+        self._sent = False
+        self._cpu0 = time.thread_time()
+
+    def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``fn`` (a dataset's ``__getitem__``), timed while the probe is open."""
+
+        def timed(i: Any) -> Any:
+            if self._sent:
+                return fn(i)
+            wall0, cpu0 = time.perf_counter(), time.thread_time()
+            out = fn(i)
+            self._add(time.perf_counter() - wall0, time.thread_time() - cpu0, out)
+            return out
+
+        return timed
+
+    def map_fn(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """A fetcher's ``map_fn`` for a worker whose samples load one after another."""
+        timed = self.wrap(fn)
+        return [timed(i) for i in items]
+
+    def finish(self, started: float) -> None:
+        """The batch is loaded: send the probe now if its samples could not be timed one
+        by one (a dataset's ``__getitems__``), from the whole batch's times."""
+        with self._lock:
+            if self._sent:
+                return
+            self._sent = True
+            wall = time.perf_counter() - started
+            cpu = time.thread_time() - self._cpu0
+            n = max(1, self._batch_len)
+        self._send(Probe(self._generation, n, wall / n, cpu / n, 0.0, 0.0, 1, self._batch_len, 0))
+
+    def _add(self, wall: float, cpu: float, out: Any) -> None:
+        with self._lock:
+            if self._sent:
+                return
+            self._count += 1
+            if self._first is None:
+                self._first = (wall, cpu)
+                self._nbytes = leaf_bytes(out)
+            else:
+                self._rest[0] += wall
+                self._rest[1] += cpu
+                self._threads.add(threading.get_ident())
+            if self._count < min(PROBE_SAMPLES, self._batch_len):
+                return
+            self._sent = True
+            first, (rest_wall, rest_cpu) = self._first, self._rest
+            threads = max(1, len(self._threads))
+        n = self._count - 1
+        self._send(
+            Probe(
+                self._generation,
+                self._count,
+                first[0],
+                first[1],
+                rest_wall / n if n else 0.0,
+                rest_cpu / n if n else 0.0,
+                threads,
+                self._batch_len,
+                self._nbytes,
+            )
+        )
+
+
+def leaf_bytes(sample: Any, depth: int = 3) -> int:
+    """Bytes of a sample's arrays, tensors and bytes (nested tuples, lists and dicts).
+
+    >>> leaf_bytes((np.zeros(4, np.float32), 3, {"b": b"xy"}))
+    26
+    """
+    if isinstance(sample, (bytes, bytearray, memoryview)):
+        return len(sample)
+    nbytes = getattr(sample, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if depth and isinstance(sample, (tuple, list)):
+        return sum(leaf_bytes(x, depth - 1) for x in sample)
+    if depth and isinstance(sample, dict):
+        return sum(leaf_bytes(x, depth - 1) for x in sample.values())
+    return 0 if not isinstance(sample, (int, float)) else 8
