@@ -1,21 +1,24 @@
-"""Autotune acceptance: ``num_workers="auto"`` against a sweep of fixed counts, side by side.
+"""Autotune acceptance: ``"auto"`` against the best fixed count (and mode), side by side.
 
-Two workloads, each through ``harness.compare`` (alternating runs, medians, JSON under
+Workloads, each through ``harness.compare`` (alternating runs, medians, JSON under
 ``benchmarks/results/``):
 
-- ``w1``: W1's dataset (1000 samples of 1 MiB float32, 5 ms wait each, batch 100): wait-bound.
+- ``w1``: W1's dataset (1000 samples of 1 MiB float32, 5 ms wait each, batch 100): waiting.
 - ``w4``: a W4-like JPEG folder (500 x 375) through stoker.vision's fused fast path
   (RandomResizedCrop(224) + flip + ToTensor + Normalize), batch 64: CPU-bound.
+- ``w3``: W3's tiny in-memory rows (200k x 8 float32 + label), batch 256, shuffled.
+- ``gil``: the same JPEGs held in memory as bytes, decoded by simplejpeg (which releases
+  the GIL) and centre-cropped to 224 x 224, batch 32.
 
-Contenders: fixed ``num_workers`` from ``--sweep`` and ``"auto"``, each one loader iterated
-once per run, as the seed's num-workers script does (one loader per setting, several
-epochs; workers restart each epoch). ``auto`` keeps the count it found from one epoch to the
-next, as in training; its tuning happens in the untimed warm-up epoch and the first timed
-ones. ``auto fresh`` builds a new loader every run, so every run tunes from scratch: the
-cost of tuning within one short epoch. The summary line gives each auto's median rate as a
-fraction of the best fixed count's (the acceptance asks >= 90%)::
+Contenders: each fixed ``num_workers`` of ``--sweep`` in each mode of ``--modes``, then
+``auto`` (process workers) and ``auto x auto`` (``worker_mode="auto"`` too). A plain name is
+one loader iterated once per run (epochs of a reused loader; its tuning happens in the
+untimed warm-up epoch and the first timed ones); ``fresh`` builds a new loader every run
+(a brand-new loader's first epoch). The summary gives each auto's median rate as a
+fraction of the best fixed contender of the same kind (fresh or reused)::
 
-    python benchmarks/autotune.py [--workload w1 w4] [--sweep 0 1 2 3 4 6 8] [--repeats 3]
+    python benchmarks/autotune.py [--workload w1 w4 w3 gil] [--sweep 0 1 2 4 8]
+        [--modes process thread] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -43,16 +46,16 @@ def _drain(loader: Any) -> dict[str, float]:
 
 
 def w1_factory() -> Any:
-    """Returns make(num_workers) -> loader, over W1's dataset."""
+    """Returns make(num_workers, worker_mode) -> loader, over W1's dataset."""
     import stoker
     from w1_sleep import BATCH, Sleepy
 
     ds = Sleepy()
-    return lambda w: stoker.DataLoader(ds, batch_size=BATCH, num_workers=w)
+    return lambda w, m: stoker.DataLoader(ds, batch_size=BATCH, num_workers=w, worker_mode=m)
 
 
 def w4_factory(images: int) -> Any:
-    """Returns make(num_workers) -> loader, over a W4-like image folder."""
+    """Returns make(num_workers, worker_mode) -> loader, over a W4-like image folder."""
     import stoker
     from stoker.vision import ImageFolder
     from stoker.vision import transforms as T
@@ -63,46 +66,103 @@ def w4_factory(images: int) -> Any:
         [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
     )
     ds = ImageFolder(str(root), transform=tf)
-    return lambda w: stoker.DataLoader(ds, batch_size=64, shuffle=True, num_workers=w)
+    return lambda w, m: stoker.DataLoader(
+        ds, batch_size=64, shuffle=True, num_workers=w, worker_mode=m
+    )
 
 
-def run(name: str, make: Any, sweep: list[int], repeats: int) -> dict[str, Any]:
-    """Sweep and auto side by side; returns the summary (also written as JSON)."""
-    loaders = {f"{w} workers": make(w) for w in sweep}
-    contenders: dict[str, harness.Run] = {
-        name: (lambda loader=loader: _drain(loader)) for name, loader in loaders.items()
-    }
-    reused = make("auto")
+def w3_factory() -> Any:
+    """Returns make(num_workers, worker_mode) -> loader, over W3's tiny rows."""
+    import numpy as np
+
+    import stoker
+    from w3_tiny import BATCH, FEATURES, N
+
+    rng = np.random.default_rng(0)
+    ds = stoker.TensorDataset(
+        rng.random((N, FEATURES), dtype=np.float32), rng.integers(0, 10, N, dtype=np.int64)
+    )
+    return lambda w, m: stoker.DataLoader(
+        ds, batch_size=BATCH, shuffle=True, generator=0, num_workers=w, worker_mode=m
+    )
+
+
+class JpegBytes:
+    """JPEG files held in memory, decoded by simplejpeg (the GIL released) and cropped."""
+
+    def __init__(self, root: Path) -> None:
+        self.blobs = [p.read_bytes() for p in sorted(root.rglob("*.jpg"))]
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int) -> Any:
+        import simplejpeg
+
+        img = simplejpeg.decode_jpeg(self.blobs[i])
+        h, w = img.shape[0] // 2 - 112, img.shape[1] // 2 - 112
+        return img[h : h + 224, w : w + 224].copy()
+
+
+def gil_factory(images: int) -> Any:
+    """Returns make(num_workers, worker_mode) -> loader, over JPEG bytes in memory."""
+    import stoker
+    from w4_images import make_folder
+
+    ds = JpegBytes(make_folder(Path(tempfile.gettempdir()) / "stoker_w4", images))
+    return lambda w, m: stoker.DataLoader(
+        ds, batch_size=32, shuffle=True, generator=0, num_workers=w, worker_mode=m
+    )
+
+
+def _contenders(make: Any, sweep: list[int], modes: list[str], found: list[Any]) -> dict:
+    """Every fixed count x mode and the two autos, reused and fresh."""
+    settings: dict[str, tuple[Any, str]] = {}
+    for w in sweep:
+        for m in modes if w else ["process"]:
+            settings[f"{w} {m}" if w else "0 workers"] = (w, m)
+    settings["auto"] = ("auto", "process")
+    settings["auto x auto"] = ("auto", "auto")
+    out: dict[str, harness.Run] = {}
+    for name, (w, m) in settings.items():
+        loader = make(w, m)
+
+        def reused(loader: Any = loader, auto: bool = name == "auto x auto") -> dict:
+            got = _drain(loader)
+            if auto:
+                found.append(loader.statistics())
+            return got
+
+        out[name] = reused
+        out[f"{name} fresh"] = lambda w=w, m=m: _drain(make(w, m))
+    return out
+
+
+def run(name: str, make: Any, sweep: list[int], modes: list[str], repeats: int) -> dict:
+    """Sweep and autos side by side; returns the summary (also written as JSON)."""
     found: list[Any] = []
-
-    def auto_reused() -> dict[str, float]:
-        out = _drain(reused)
-        found.append(reused.statistics())
-        return out
-
-    contenders["auto"] = auto_reused
-    contenders["auto fresh"] = lambda: _drain(make("auto"))
+    contenders = _contenders(make, sweep, modes, found)
     record = harness.compare(f"autotune_{name}", contenders, repeats=repeats, baseline="0 workers")
     rates = {k: v["samples_per_s"] for k, v in record["results"].items()}
-    fixed = {k: r for k, r in rates.items() if k.endswith("workers")}
-    best = max(fixed, key=fixed.__getitem__)
+    summary: dict[str, Any] = {"workload": name, "cores": os.cpu_count()}
+    for kind, suffix in (("reused", ""), ("fresh", " fresh")):
+        fixed = {k: r for k, r in rates.items() if k.endswith(suffix) and not k.startswith("auto")}
+        fixed = {k: r for k, r in fixed.items() if suffix or not k.endswith("fresh")}
+        best = max(fixed, key=fixed.__getitem__)
+        same = {k: r for k, r in fixed.items() if "thread" not in k}  # the process mode's
+        best_p = max(same, key=same.__getitem__)
+        summary[kind] = {
+            "best": best,
+            "best_process": best_p,
+            "auto_vs_best_process": rates[f"auto{suffix}"] / same[best_p],
+            "auto_x_auto_vs_best": rates[f"auto x auto{suffix}"] / fixed[best],
+        }
+        print(
+            f"{name} {kind}: auto {summary[kind]['auto_vs_best_process']:.0%} of {best_p}; "
+            f"auto x auto {summary[kind]['auto_x_auto_vs_best']:.0%} of {best}"
+        )
     last = found[-1]
-    summary = {
-        "workload": name,
-        "best_fixed": best,
-        "best_fixed_rate": fixed[best],
-        "auto_fresh_fraction": rates["auto fresh"] / fixed[best],
-        "auto_fraction": rates["auto"] / fixed[best],
-        "auto_workers": last.num_workers,
-        "auto_input_bound": last.input_bound,
-        "auto_decisions": list(last.autotune),
-        "cores": os.cpu_count(),
-    }
-    print(
-        f"{name}: best fixed = {best} ({fixed[best]:,.0f} samples/s); auto fresh "
-        f"{summary['auto_fresh_fraction']:.0%}, auto {summary['auto_fraction']:.0%}"
-        f" of it (auto settled on {last.num_workers} workers)"
-    )
+    summary["auto_x_auto_decisions"] = list(last.autotune)
     for d in last.autotune:
         print(f"    {d}")
     (harness.RESULTS / f"autotune_{name}_summary.json").write_text(json.dumps(summary, indent=2))
@@ -112,15 +172,22 @@ def run(name: str, make: Any, sweep: list[int], repeats: int) -> dict[str, Any]:
 def main() -> None:
     """Parse the command line and run the chosen workloads."""
     extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--workload", nargs="+", default=["w1", "w4"], choices=["w1", "w4"])
-    extra.add_argument("--sweep", type=int, nargs="+", default=[0, 1, 2, 3, 4, 6, 8])
-    extra.add_argument("--images", type=int, default=1024)
+    choices = ["w1", "w4", "w3", "gil"]
+    extra.add_argument("--workload", nargs="+", default=choices, choices=choices)
+    extra.add_argument("--sweep", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    extra.add_argument("--modes", nargs="+", default=["process", "thread"])
+    extra.add_argument("--images", type=int, default=512)
     ours, rest = extra.parse_known_args()
     sys.argv = [sys.argv[0], *rest]
     args = harness.cli((__doc__ or "").splitlines()[0], repeats=3)
+    factories = {
+        "w1": w1_factory,
+        "w4": lambda: w4_factory(ours.images),
+        "w3": w3_factory,
+        "gil": lambda: gil_factory(ours.images),
+    }
     for name in ours.workload:
-        make = w1_factory() if name == "w1" else w4_factory(ours.images)
-        run(name, make, ours.sweep, args.repeats)
+        run(name, factories[name](), ours.sweep, ours.modes, args.repeats)
 
 
 if __name__ == "__main__":

@@ -393,3 +393,103 @@ def test_memory_budget_follows_the_memory_available(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_osprobe, "memory_available", lambda: None)
     monkeypatch.setattr(_osprobe, "cgroup_memory_room", lambda: None)
     assert _autotune.memory_budget() == 2 * gib
+
+
+class Waiting:
+    """Samples that wait (the GIL released) and draw from NumPy's global RNG."""
+
+    def __init__(self, n: int = 48, sleep_s: float = 0.004) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(self.sleep_s)
+        return np.full(3, i, np.float64) + np.random.random(3)
+
+
+class Computing(Waiting):
+    """Samples computed in Python (the GIL held), drawing from NumPy's global RNG."""
+
+    def __getitem__(self, i: int) -> Any:
+        total = 0
+        for j in range(3000):
+            total += j
+        return np.full(3, i + total, np.float64) + np.random.random(3)
+
+
+@pytest.mark.parametrize("dataset", [Waiting, Computing])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_auto_x_auto_gives_the_batches_of_num_workers_0(dataset: Any, persistent: bool) -> None:
+    """num_workers="auto" with worker_mode="auto": whatever count and mode the tuner picks
+    (and a switch of mode between epochs), each epoch's batches are byte-identical to 0."""
+    kw: dict[str, Any] = {"batch_size": 8, "shuffle": True, "generator": 3}
+    auto: DataLoader[Any] = DataLoader(
+        dataset(), num_workers="auto", worker_mode="auto", persistent_workers=persistent, **kw
+    )
+    plain: DataLoader[Any] = DataLoader(dataset(), **kw)
+    assert _epochs(auto) == _epochs(plain)
+    decisions = auto.statistics().autotune
+    modes = [d for d in decisions if d.startswith(("thread workers", "process workers"))]
+    assert len(modes) == 1, decisions  # the probe chose a mode, once
+
+
+def test_the_first_samples_set_the_count_before_the_first_batch() -> None:
+    """An epoch of 3 slow batches: the count comes from the first worker's first samples
+    (a Probe), not from windows of batches, which this epoch is too short for."""
+    loader: DataLoader[Any] = DataLoader(
+        Waiting(n=24, sleep_s=0.005), batch_size=8, num_workers="auto"
+    )
+    assert len(list(loader)) == 3
+    stats = loader.statistics()
+    assert "from the first samples" in stats.autotune[0], stats.autotune
+    assert stats.num_workers == 3, stats.autotune  # one per batch: "3 batches left bound it"
+
+
+def _probe(wall: float, cpu: float, threads: int = 1, share: float = 0.0) -> Any:
+    from stoker._engine._messages import Probe
+
+    return Probe(1, 8, wall, cpu, wall, share * wall, threads, 100, 1 << 10)
+
+
+@pytest.mark.parametrize(
+    ("wall", "cpu", "workers"), [(0.005, 0.0001, 8), (0.005, 0.005, 2), (0.0001, 0.0001, 1)]
+)
+def test_the_probe_model_counts_workers_from_the_cpu_a_fetch_uses(
+    wall: float, cpu: float, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiting fetch gets the capacity, a CPU-bound one the CPUs (2 here), and a fast
+    batch (under _JUMP_BATCH_S) is left to the windows."""
+    monkeypatch.setattr(_autotune, "available_cpus", lambda: 2)
+    tuner = _autotune.Autotuner.for_settings("auto", 2, "process", False, False)
+    tuner.capacity = 8
+    assert tuner.probe(_probe(wall, cpu), 50) == workers - 1
+    assert tuner.workers == workers
+    assert tuner.probe(_probe(wall, cpu), 50) == 0  # only the first probe decides
+
+
+@pytest.mark.parametrize(
+    ("cpu", "threads", "share", "mode"),
+    [(0.0002, 1, 0.0, "thread"), (0.005, 4, 0.5, "thread"), (0.005, 4, 0.25, "process"),
+     (0.005, 1, 0.0, "process")],
+)  # fmt: skip
+def test_worker_mode_auto_keeps_threads_only_where_the_gil_is_released(
+    cpu: float, threads: int, share: float, mode: str
+) -> None:
+    """Threads stay where a fetch waits, or where threads side by side use more CPU than
+    one; else the next epoch (not this one) runs processes, from the model's count."""
+    tuner = _autotune.Autotuner.for_settings("auto", 2, "auto", False, False)
+    assert tuner.mode == "thread" and tuner.wants_probe
+    tuner.probe(_probe(0.005, cpu, threads, share), 50)
+    assert tuner.mode == "thread" and not tuner.wants_probe
+    assert tuner.next_mode() == mode
+    assert tuner.shared_memory == (mode == "process")
+
+
+def test_worker_mode_auto_is_fixed_to_processes_for_an_iterable_dataset() -> None:
+    """An iterable dataset's draws are seeded per epoch in a process, per batch in a thread:
+    its mode must not change, so it is processes, said once."""
+    tuner = _autotune.Autotuner.for_settings(2, 2, "auto", True, False)
+    assert tuner.mode == "process" and not tuner.wants_probe
+    assert tuner.decisions == ["iterable dataset: process workers (its draws are seeded per epoch)"]

@@ -2,10 +2,10 @@
 
 One :class:`Autotuner` per loader, kept across epochs. The model, from a worker's first
 samples (a :class:`~stoker._engine._messages.Probe`, before its batch is done): a fetch of
-``w`` seconds, ``c`` of them CPU, keeps ``c / w`` of a CPU busy, so the count goes straight
-to ``(CPUs + _CPU_SLACK) / (c / w)`` (for a slow batch), within capacity, the epoch's batches and the memory
-budget. Then, per window of batches, it adds the workers the consumer's wait
-predicts (or deepens prefetch) until that gains under ``_MIN_GAIN``. ``worker_mode="auto"``
+``w`` seconds, ``c`` of them CPU, keeps ``c / w`` of a CPU busy, so for slow batches the
+count goes to ``(CPUs + _CPU_SLACK) / (c / w)``, within capacity, the epoch's batches and
+memory. Then, per window of batches, it adds the workers the consumer's wait predicts (or
+deepens prefetch) until that gains under ``_MIN_GAIN``. ``worker_mode="auto"``
 starts with threads, kept where a fetch mostly waits or threads side by side use more CPU
 than one (the GIL is released); else the next epoch runs processes. An idle epoch may
 bring an in-process trial. Output never depends on this (batch ``k`` is seeded from

@@ -231,7 +231,10 @@ def threads_suffice(waiting: float, threads: int, speedup: float) -> tuple[bool,
     if waiting >= THREADS_WAIT_SHARE:
         return True, f"a fetch waits {waiting:.0%} of its time"
     if threads < 2:
-        return False, f"a fetch computes {1 - waiting:.0%} of its time, no thread measured beside it"
+        return (
+            False,
+            f"a fetch computes {1 - waiting:.0%} of its time, no thread measured beside it",
+        )
     side = f"{threads} threads side by side use {speedup:.2g}x the CPU of one"
     if speedup >= GIL_FREE_SPEEDUP:
         return True, f"{side}: the fetch releases the GIL"

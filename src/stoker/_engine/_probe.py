@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from stoker._engine._messages import Probe
 from stoker._policy import PROBE_SAMPLES
 
