@@ -6,7 +6,7 @@ own, ``--dataset module:factory``), then, where torch has an accelerator, ``pin_
 configuration is timed ``--repeats`` times in alternating order, so that drift on a noisy
 machine hits all alike, and reported by its median: a table, a JSON file (with the
 loader's statistics), a PNG plot (``plot`` extra) and one recommendation line. ``--auto``
-adds a ``num_workers="auto"`` row per mode.
+adds a ``num_workers="auto"`` row per mode and one with ``worker_mode="auto"`` too.
 
 Only argparse runs at import, so ``stoker --help`` stays instant; ``stoker._cli`` wires it
 in with :func:`add_subcommand` and :func:`run`, and ``python -m stoker._bench`` runs it alone.
@@ -167,12 +167,12 @@ def configurations(
     workers: Sequence[int], modes: Sequence[str], batch_sizes: Sequence[int], auto: bool = False
 ) -> list[Config]:
     """The sweep: per batch size, in-process once, then every mode with every count > 0
-    (and with ``auto``, ``num_workers="auto"`` per mode).
+    (and with ``auto``, ``num_workers="auto"`` per mode and with ``worker_mode="auto"``).
 
     >>> [c.label() for c in configurations([0, 2], ["process", "thread"], [8])]
     ['0, batch 8', '2 process, batch 8', '2 thread, batch 8']
     >>> [c.label() for c in configurations([2], ["thread"], [8], auto=True)]
-    ['2 thread, batch 8', 'auto thread, batch 8']
+    ['2 thread, batch 8', 'auto thread, batch 8', 'auto auto, batch 8']
     """
     out: list[Config] = []
     for bs in batch_sizes:
@@ -180,7 +180,7 @@ def configurations(
             out.append(Config(0, None, bs))
         out.extend(Config(w, m, bs) for m in modes for w in workers if w > 0)
         if auto:
-            out.extend(Config("auto", m, bs) for m in modes)
+            out.extend(Config("auto", m, bs) for m in [*modes, "auto"])
     return out
 
 
@@ -345,8 +345,14 @@ def summarize(runs: Runs) -> dict[str, Any]:
     }
 
 
+AUTO_WITHIN = 0.05
+"""``num_workers="auto"`` with ``worker_mode="auto"`` is recommended when it is within this
+fraction of the fastest row: it adapts to the next machine and dataset, a fixed row does not."""
+
+
 def recommend(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], str]:
-    """The fastest row (by samples/s) and the recommendation line naming it.
+    """The fastest row (by samples/s), or the auto x auto row within :data:`AUTO_WITHIN`
+    of it at its batch size, and the recommendation line naming it.
 
     The gain is against ``num_workers=0`` at the same batch size, when that was measured.
 
@@ -356,8 +362,15 @@ def recommend(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], str]:
     ... ]
     >>> recommend(rows)[1]
     'use num_workers=2 (worker_mode=thread): 150% faster than num_workers=0'
+    >>> auto = {"num_workers": "auto", "worker_mode": "auto", "batch_size": 8}
+    >>> recommend([*rows, {**auto, "samples_per_s": 240.0}])[1]
+    'use num_workers=auto (worker_mode=auto): 140% faster than num_workers=0'
     """
     best = max(rows, key=lambda r: r["samples_per_s"])
+    floor = (1.0 - AUTO_WITHIN) * best["samples_per_s"]
+    for r in rows:
+        if r["num_workers"] == r["worker_mode"] == "auto" and r["batch_size"] == best["batch_size"]:
+            best = r if r["samples_per_s"] >= floor else best
     several = len({r["batch_size"] for r in rows}) > 1
     size = f"batch_size={best['batch_size']}"
     if best["num_workers"] == 0:
