@@ -69,14 +69,12 @@ class DataLoader(Generic[T_co]):
     torch's is listed; the details are in ``docs/engine.md``, "The loader's arguments".
 
     Args:
-        num_workers: also ``"auto"``: add workers while the consumer waits and CPU and
-            memory allow, or load in the main process when workers are slower.
+        num_workers: also ``"auto"``: the workers measuring shows help, or none when
+            they are slower.
         generator: also an int seed or a ``numpy.random.Generator``.
         prefetch_factor: also ``"auto"``: deepen the window while the consumer waits.
         tensor_type: None follows the data; ``"numpy"`` or ``"torch"`` force one.
-        worker_mode: ``"process"`` or ``"thread"`` workers, or ``"auto"``: threads where
-            the fetch releases the GIL (it mostly waits, or threads side by side gain),
-            else processes from the next epoch.
+        worker_mode: ``"process"``, ``"thread"``, or ``"auto"`` (chosen by measuring).
         skip_errors: 0 raises, as torch does; an int ``n`` or a fraction in (0, 1) skips
             up to that many failing samples per epoch, the same ones every run.
 

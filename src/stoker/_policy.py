@@ -1,7 +1,7 @@
 """Every threshold and rule by which stoker's loading decides, each once, with its reason.
 
 Pure: nothing here starts a process, touches the OS or imports the engine, so the loader,
-the engine, the autotuner and the checkpoint code read the same numbers, and each rule has
+the engine and the autotuner read the same numbers, and each rule has
 unit tests (``tests/test_engine_policy.py``). The rules:
 
 - **who may see the assignment** (:func:`assigns_freely`): stoker assigns batches its own
@@ -14,8 +14,7 @@ unit tests (``tests/test_engine_policy.py``). The rules:
   (:data:`THREAD_SPLIT_MIN_S`): slow batches shared among workers that would idle.
 - **prefetch sizing** (:data:`DEFAULT_PREFETCH`, :func:`slots_kept_free`, ...): memory
   each worker and loader keeps for batches in flight.
-- **the autotuner's first look** (:data:`PROBE_SAMPLES`, :func:`threads_suffice`): what a
-  worker times, and when threads serve.
+- **first look** (:func:`threads_suffice`): autotune's probe.
 """
 
 from __future__ import annotations

@@ -45,9 +45,8 @@ class EngineConfig:
         auto_collation: batches (a batch sampler), not single samples.
         skip_errors: whether failing samples may be skipped.
         warn_workers: warn when a fixed ``num_workers`` exceeds the CPUs.
-        tuner: the loader's autotuner, kept across iterators, or None.
-        probe: whether workers time their first samples for the tuner (a
-            :class:`~stoker._engine._messages.Probe` each epoch).
+        tuner: the loader's autotuner, or None.
+        probe: workers time first samples (autotune).
     """
 
     make_fetcher: Callable[[], MapFetcher | IterableFetcher]

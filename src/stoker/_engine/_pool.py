@@ -328,21 +328,14 @@ class ProcessPool:
         self._start_limit = n  # workers beyond it wait for limit_start (autotune)
         for wid in range(n):
             prefix = _shm.segment_prefix(self._owner, token, wid)
+            # fmt: off
             args = WorkerArgs(
-                wid,
-                n,
-                seeds[wid],
-                fetcher,
-                config.init_fn,
-                prefix,
-                keep_free=slots_kept_free(prefetch),
-                steady=steady_slots(prefetch),
-                window=n * prefetch,
-                import_torch=import_torch,
-                warm=warm[wid::n],
-                hand_off=method == "fork",
-                probe=config.probe,
+                wid, n, seeds[wid], fetcher, config.init_fn, prefix,
+                keep_free=slots_kept_free(prefetch), steady=steady_slots(prefetch),
+                window=n * prefetch, import_torch=import_torch, warm=warm[wid::n],
+                hand_off=method == "fork", probe=config.probe,
             )
+            # fmt: on
             parent, child = ctx.Pipe(duplex=True)
             _PARENT_ENDS.add(parent)
             proc = ctx.Process(  # type: ignore[attr-defined]

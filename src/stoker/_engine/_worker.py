@@ -190,15 +190,14 @@ class WorkerArgs:
         keep_free: free slots the worker keeps for reuse.
         steady: slots the worker needs once batches flow (see :class:`Arena`).
         window: the loader's slots in flight (for error messages).
-        import_torch: import torch first (the main process had it).
+        import_torch: import torch first.
         pin_device: pin batches in the worker (threads only).
         rng_guard: the guard a pool's thread workers share (threads only).
         board: where idle threads take samples of slow batches (threads only).
         buffers: reusable memory for large leaves (threads only).
         warm: (name, mmap) of segments inherited through fork, adopted as free slots.
         hand_off: on stop, leave slots made ahead and unused to the main process (fork).
-        probe: time the first samples of each epoch's first batch for the autotuner
-            (see :mod:`stoker._engine._probe`).
+        probe: time an epoch's first samples (:mod:`stoker._engine._probe`).
     """
 
     worker_id: int
