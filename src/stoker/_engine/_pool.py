@@ -48,6 +48,7 @@ from stoker._engine._messages import (
     ToIterator,
     Work,
 )
+from stoker._engine._pin import slot_pins
 from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, add_note, decode, pack_tasks, safe_str, send
 from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
@@ -294,6 +295,21 @@ class WorkerPool(Protocol):
 
     def shutdown(self, grace_s: float = ...) -> None:
         """Stop every worker."""
+
+
+def make_pool(
+    config: EngineConfig, memory: EngineMemory, seeds: list[int]
+) -> tuple[WorkerPool, str | None]:
+    """The pool of ``config.capacity`` workers seeded with ``seeds``, and the device the
+    iterator pins delivered batches to: None for threads, which pin their own; process
+    workers' slots are registered as pinned memory, so pinning them is the one copy."""
+    if config.worker_mode == "thread":
+        return ThreadPool(config, memory, seeds), None
+    pool = ProcessPool(config, memory, seeds)
+    pins = slot_pins(config.pin_device)
+    for w in pool.workers:
+        w.maps.pins = pins
+    return pool, config.pin_device
 
 
 class ProcessPool:

@@ -22,6 +22,9 @@ import numpy as np
 from stoker import _torch
 from stoker._batch import Alloc
 from stoker._collate import numpy_dtype
+from stoker._engine._transport import RemoteError
+from stoker._engine._window import Failure
+from stoker.errors import CollateError
 
 _MIN_SHARE = 0.1
 """A worker's share of a split batch is at least this fraction (else it is sent whole)."""
@@ -127,6 +130,72 @@ def concat(parts: Sequence[Any], alloc: Alloc | None = None) -> Any:
         return type(first)(itertools.chain.from_iterable(parts))
     columns = [concat(col, alloc) for col in zip(*parts, strict=True)]
     return type(first)(*columns) if _is_namedtuple(first) else columns
+
+
+class Splits:
+    """The batches of an epoch sent as parts: each part's share of its batch, the parts in
+    so far, and the joined batch once the last is in. A batch's parts have consecutive
+    task indices; it is delivered at its first part's place."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, tuple[int, list[Any]]] = {}  # k -> (first index, parts)
+        self._share: dict[int, float] = {}  # index of a part in flight -> its share
+
+    def __contains__(self, k: int) -> bool:
+        return k in self._parts
+
+    def add(self, k: int, first: int, shares: Sequence[float]) -> None:
+        """Batch ``k`` went as parts ``first, first + 1, ...`` of these shares."""
+        for idx, share in enumerate(shares, first):
+            self._share[idx] = share
+        self._parts[k] = (first, [None] * len(shares))
+
+    def is_part(self, idx: int) -> bool:
+        return idx in self._share
+
+    def share(self, idx: int) -> float:
+        """Task ``idx``'s share of its batch (1 for a whole batch)."""
+        return self._share.get(idx, 1.0)
+
+    def done(self, k: int, idx: int, part: Any, alloc: Alloc) -> tuple[int, Any]:
+        """Keep part ``idx`` of batch ``k``; returns (its first part's index, the batch
+        joined into ``alloc``'s memory once every part is in, else None). A part that
+        failed, or parts that do not stack, make the batch a :class:`Failure`."""
+        first, parts = self._parts[k]
+        parts[idx - first] = part
+        del self._share[idx]
+        if any(p is None for p in parts):
+            return first, None
+        del self._parts[k]
+        failed = [p for p in parts if isinstance(p, Failure)]
+        return first, failed[0] if failed else _join(k, parts, alloc)
+
+    def loads(
+        self, running: dict[int, int], since: Sequence[float], now: float, mean: float
+    ) -> list[float]:
+        """Each worker's projected work in batches: its tasks in flight (``running``, in
+        the order sent: a worker's first one runs), less what ``mean`` seconds a batch says
+        is done of the one it runs since ``since``."""
+        loads = [0.0] * len(since)
+        current: dict[int, int] = {}
+        for idx, w in running.items():
+            loads[w] += self.share(idx)
+            current.setdefault(w, idx)
+        for w, idx in current.items():
+            loads[w] -= min(self.share(idx), (now - since[w]) / mean)
+        return loads
+
+
+def _join(k: int, parts: list[Any], alloc: Alloc) -> Any:
+    try:
+        return concat(parts, alloc)
+    except (ValueError, RuntimeError, TypeError) as exc:  # parts that do not stack
+        err = CollateError(
+            f"default_collate: the samples of batch {k} do not stack into one batch "
+            f"({exc}). Give every sample the same shapes, or pass a collate_fn that "
+            "handles them."
+        )
+        return Failure(RemoteError(err, f"joining the parts of batch {k}", keep_object=True))
 
 
 def _is_namedtuple(x: Any) -> bool:
