@@ -90,32 +90,32 @@ def test_free_choice_takes_the_least_loaded_worker_under_the_depth() -> None:
     window = ReorderWindow(3, in_order=True)
     _send(window, 0, 0, 1)
     _send(window, 1, 2)
-    assert window.choose(depth=2, free=True) == 2
-    assert window.choose(depth=2, free=True, candidates=[0, 1]) == 1
+    assert window.choose(depth=2, least_loaded=True) == 2
+    assert window.choose(depth=2, least_loaded=True, candidates=[0, 1]) == 1
     _send(window, 1, 3)
     _send(window, 2, 4, 5)
-    assert window.choose(depth=2, free=True) is None  # every window is full
+    assert window.choose(depth=2, least_loaded=True) is None  # every window is full
 
 
 def test_torch_choice_is_round_robin_over_workers_with_data() -> None:
     window = ReorderWindow(3, in_order=True)
-    assert [window.choose(depth=2, free=False) for _ in range(4)] == [0, 1, 2, 0]
+    assert [window.choose(depth=2, least_loaded=False) for _ in range(4)] == [0, 1, 2, 0]
     (idx,) = _send(window, 1, 0)
     window.answered(1, idx)
     window.exhausted(1, idx)  # worker 1 ran out of data: it is passed over
-    assert [window.choose(depth=2, free=False) for _ in range(3)] == [2, 0, 2]
+    assert [window.choose(depth=2, least_loaded=False) for _ in range(3)] == [2, 0, 2]
 
 
 def test_unordered_torch_choice_caps_each_workers_undelivered_share() -> None:
     window = ReorderWindow(2, in_order=False)
     (idx,) = _send(window, 0, 0)  # worker 0 holds its share (depth 1 x 2 workers / 2 active)
-    assert window.choose(depth=1, free=False) == 1
-    assert window.choose(depth=1, free=False) == 1  # worker 0 is still passed over
+    assert window.choose(depth=1, least_loaded=False) == 1
+    assert window.choose(depth=1, least_loaded=False) == 1  # worker 0 is still passed over
     window.answered(0, idx)
     window.put(idx, "a")
-    assert window.choose(depth=1, free=False) == 1  # answered is not delivered
+    assert window.choose(depth=1, least_loaded=False) == 1  # answered is not delivered
     assert window.pop() == "a"
-    assert window.choose(depth=1, free=False) == 0  # delivered: below its share again
+    assert window.choose(depth=1, least_loaded=False) == 0  # delivered: below its share again
 
 
 def test_waiting_for_is_the_owner_of_the_next_turn() -> None:
@@ -146,7 +146,7 @@ def test_a_worker_added_mid_epoch_takes_tasks() -> None:
     window = ReorderWindow(1, in_order=True)
     _send(window, 0, 0)
     window.add_worker()
-    assert window.workers == 2 and window.choose(depth=1, free=True) == 1
+    assert window.workers == 2 and window.choose(depth=1, least_loaded=True) == 1
     assert _send(window, 1, 1) == [1]
 
 

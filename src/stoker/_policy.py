@@ -45,6 +45,16 @@ def assigns_freely(
     return draws_nothing(dataset) or getattr(type(dataset), "_stoker_worker_agnostic", 0) is True
 
 
+def balances_load(free: bool, tuned: bool, iterable: bool) -> bool:
+    """Whether a task goes to the worker with the fewest in flight rather than the next in
+    torch's cycle: where stoker assigns ``free``ly, and where ``num_workers="auto"`` is
+    ``tuned`` for a map-style dataset. torch has no "auto" whose assignment could be
+    matched, and workers added within an epoch must take the tasks left, not queue them
+    behind the first worker's (which batch a worker loads never changes the batch). An
+    iterable dataset's data is its worker's: it keeps the cycle."""
+    return free or (tuned and not iterable)
+
+
 def may_load_in_process(
     num_workers: int | str, iterable: bool, init_fn: Any, timeout: float, draws: bool
 ) -> bool:

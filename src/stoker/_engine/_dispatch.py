@@ -20,7 +20,14 @@ from stoker._engine._messages import Exhausted, Failed, Loaded, LoadedGroup, Tas
 from stoker._engine._tail import Splits, mergeable, plan
 from stoker._engine._transport import RemoteError
 from stoker._engine._window import Failure
-from stoker._policy import GROUP_AFTER, JOIN_BUFFERS, group_size, typical_load_s, worth_splitting
+from stoker._policy import (
+    GROUP_AFTER,
+    JOIN_BUFFERS,
+    balances_load,
+    group_size,
+    typical_load_s,
+    worth_splitting,
+)
 from stoker._random import mix_seed
 
 if TYPE_CHECKING:
@@ -56,7 +63,9 @@ class Dispatcher:
         joinable: bool,
     ) -> None:
         self._memory, self._length = memory, length
-        self._iterable, self._free = config.iterable, free
+        self._iterable = config.iterable
+        tuned = config.tuner is not None and config.tuner.tune_workers
+        self._balance = balances_load(free, tuned, config.iterable)
         self._can_split = free and joinable and _splittable(config)
         # Process workers get a group's batches as one task, answered in one slot.
         self._group_tasks = config.worker_mode == "process" and not config.iterable
@@ -88,7 +97,7 @@ class Dispatcher:
         if group > 1 and size - window.in_flight < group and window.in_flight:
             return sends  # tiny batches: send a group's worth of tasks at a time
         while not self.done and window.in_flight < size:
-            wid = window.choose(depth, self._free, candidates)
+            wid = window.choose(depth, self._balance, candidates)
             if wid is None:
                 break
             got = self._next()

@@ -274,22 +274,24 @@ class MultiWorkerIterator:
             decision = self._tuner.probe(probe, batches_left(self._epochs, self._stats.batches))
         else:
             decision = self._tuner.step(self._stats, self._pool.started_pids())
-        for _ in range(max(0, decision)):
-            self._add_worker()
+        if decision > 0:
+            self._add_workers(decision)
         if decision == ADD_PREFETCH:
             self._prefetch += 1
             self._stats.prefetch = self._prefetch
             self._refill()
 
-    def _add_worker(self) -> None:
-        """Give tasks to one more of the pool's workers (built already, started now);
+    def _add_workers(self, count: int) -> None:
+        """Give tasks to ``count`` more of the pool's workers (built already, started now);
         ``_reset`` makes the next epoch's window at the new count, so persistent workers
-        keep the count found."""
-        self._num_workers += 1
-        self._window.add_worker()
+        keep the count found. All start before the refill, so the tasks left spread over
+        all of them rather than filling the first ones' windows."""
+        for _ in range(count):
+            self._window.add_worker()
+        self._num_workers += count
         self._stats.workers = self._num_workers
         self._pool.limit_start(self._num_workers)
-        self._pool.start(1)  # a process pool starts it; threads run already
+        self._pool.start(count)  # a process pool starts them; threads run already
         self._refill()
 
 

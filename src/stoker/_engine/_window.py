@@ -76,16 +76,18 @@ class ReorderWindow:
         self.active.append(True)
         self.since.append(self._clock())
 
-    def choose(self, depth: int, free: bool, candidates: Sequence[int] | None = None) -> int | None:
+    def choose(
+        self, depth: int, least_loaded: bool, candidates: Sequence[int] | None = None
+    ) -> int | None:
         """The worker for the next task, or None to send nothing now.
 
-        Not ``free`` (torch's assignment): the next worker in the cycle that still has
-        data and, with ``in_order=False``, fewer than its share of the window undelivered.
-        ``free``: of ``candidates`` (default all), the one with the fewest tasks in flight,
-        if it has fewer than ``depth``.
+        Not ``least_loaded`` (torch's assignment): the next worker in the cycle that still
+        has data and, with ``in_order=False``, fewer than its share of the window
+        undelivered. Else: of ``candidates`` (default all), the one with the fewest tasks
+        in flight, if it has fewer than ``depth``.
         """
         n = self.workers
-        if not free:
+        if not least_loaded:
             share = (depth * n) // max(1, sum(self.active))
             for _ in range(n):
                 wid = self._round
