@@ -493,3 +493,29 @@ def test_worker_mode_auto_is_fixed_to_processes_for_an_iterable_dataset() -> Non
     tuner = _autotune.Autotuner.for_settings(2, 2, "auto", True, False)
     assert tuner.mode == "process" and not tuner.wants_probe
     assert tuner.decisions == ["iterable dataset: process workers (its draws are seeded per epoch)"]
+
+
+class Tiny(Waiting):
+    """Fast samples that draw from NumPy's global RNG."""
+
+    def __getitem__(self, i: int) -> Any:
+        return np.full(2, i, np.float64) + np.random.random(2)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_fast_batches_move_in_process_mid_epoch_with_the_same_batches(
+    mode: str, persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the first batches load faster than a worker hands one over, the rest of the
+    epoch loads in the main process, seeded as a worker would: every epoch's batches are
+    those of num_workers=0 (the threshold is raised so that any load qualifies)."""
+    monkeypatch.setattr(_autotune, "IN_PROCESS_NOW_S", 10.0)
+    kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 5}
+    auto: DataLoader[Any] = DataLoader(
+        Tiny(n=64), num_workers="auto", worker_mode=mode, persistent_workers=persistent, **kw
+    )
+    assert _epochs(auto) == _epochs(DataLoader(Tiny(n=64), **kw))
+    decisions = auto.statistics().autotune
+    assert any(d.startswith("load in process from now on") for d in decisions), decisions
+    assert auto.statistics().num_workers == 0  # the later epochs ran in process

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from stoker import _osprobe
 from stoker._cache import shm_room_bytes
 from stoker._osprobe import available_cpus, idle_cpus, idle_ticks, tree_cpu_seconds
-from stoker._policy import prefetch_of, threads_suffice
+from stoker._policy import IN_PROCESS_NOW_S, prefetch_of, threads_suffice
 
 if TYPE_CHECKING:
     from stoker._engine._messages import Probe
@@ -40,6 +40,8 @@ KEEP = 0
 ADD_PREFETCH = -1
 """Decision: allow one more task in flight per worker (a positive decision: start that
 many more workers)."""
+IN_PROCESS_NOW = -2
+"""Decision: load the rest of the epoch, and the epochs after, in the main process."""
 
 _INPUT_BOUND = 0.20
 """The consumer must wait at least this fraction of a window for more workers to help."""
@@ -59,6 +61,8 @@ _WORKERS_PER_CPU = 4
 """Capacity: process workers per CPU (waiting workers use little CPU; measuring decides)."""
 _MAX_CAPACITY = 32
 """At most this many workers, whatever the CPU count."""
+_FIRST_LOADS = 3
+"""Batches after the first whose load time decides :data:`IN_PROCESS_NOW`."""
 _JUMP_BATCH_S = 0.02
 """A batch the probe says loads slower than this sends the count straight to the model's:
 an epoch may be over before windows of such batches reach it. Faster batches are tuned by
@@ -121,6 +125,11 @@ class Autotuner:
         self._batch_bytes = 0
         self._budget = memory_budget()
         self._in_process = in_process  # still a candidate
+        # (batches, busy seconds) when the first loads began to count (see
+        # _load_in_process_now); None once decided, or never with a fixed count.
+        self._now_mark: tuple[int, float] | None = (
+            (-1, 0.0) if in_process and tune_workers else None
+        )
         self._trial: tuple[int, float] | None = None  # (workers, seconds per batch) before
         self._wait = 0  # epochs with workers before another trial, after a lost one
         self._retry_after = _RETRY_AFTER
@@ -213,6 +222,29 @@ class Autotuner:
         self.workers += more
         return more
 
+    def _load_in_process_now(self, rec: StatsRecorder) -> bool:
+        """After the first batches: whether they loaded so fast that the rest of the epoch
+        goes in process at once (:data:`~stoker._policy.IN_PROCESS_NOW_S`). The first batch
+        is not counted: it pays for the worker's start-up and cold caches."""
+        assert self._now_mark is not None
+        if self._now_mark[0] < 0:
+            self._now_mark = (rec.batches, sum(rec.busy))
+            return False
+        batches, busy = self._now_mark
+        if rec.batches - batches < _FIRST_LOADS:
+            return False
+        self._now_mark = None
+        load = (sum(rec.busy) - busy) / (rec.batches - batches)
+        if load >= IN_PROCESS_NOW_S:
+            return False
+        self.workers, self._in_process, self.settled = 0, False, True
+        self._switch = None  # no workers: no mode to switch to
+        self.decide(
+            f"load in process from now on: a batch loads in {load * 1e6:.0f} us, less than "
+            "a worker takes to hand it over"
+        )
+        return True
+
     def next_mode(self) -> str:
         """The mode of the iterator the loader makes next: a switch the probe chose takes
         effect here, at an epoch's boundary, and tuning starts again from the model's count
@@ -271,6 +303,8 @@ class Autotuner:
             rec: the iterator's counters.
             pids: the worker processes started (for their CPU use; empty for threads).
         """
+        if self._now_mark is not None and self._load_in_process_now(rec):
+            return IN_PROCESS_NOW
         if self.settled or rec.batches < self._due:
             return KEEP
         batches, t0, wait0, cpu0 = self._mark

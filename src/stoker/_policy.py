@@ -167,6 +167,12 @@ DEFAULT_PREFETCH = 2
 """Batches loaded ahead per worker when ``prefetch_factor`` is not given (torch's)."""
 JOIN_BUFFERS = 2
 """Memory for joined split batches a loader keeps: the one the loop holds and the next."""
+IN_PROCESS_NOW_S = 100e-6
+"""With ``num_workers="auto"``, a batch whose first load takes less than this is loaded in
+the main process from the next one on (where loading in process may stand in for workers,
+see :func:`may_load_in_process`): handing a batch over from a worker costs about as much,
+so workers cannot deliver it sooner, and waiting for an epoch's end to try would leave a
+short epoch with workers that only cost."""
 IN_PROCESS_BUFFERS = 2
 """Free buffers in-process loading keeps: a loop holds one batch while the next is made, so
 the one it dropped before is free again, with one to spare."""

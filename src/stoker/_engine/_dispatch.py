@@ -11,6 +11,7 @@ size and the split plan.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,13 +23,14 @@ from stoker._engine._transport import RemoteError
 from stoker._engine._window import Failure
 from stoker._policy import (
     GROUP_AFTER,
+    IN_PROCESS_BUFFERS,
     JOIN_BUFFERS,
     balances_load,
     group_size,
     typical_load_s,
     worth_splitting,
 )
-from stoker._random import mix_seed
+from stoker._random import call_seeded, mix_seed
 
 if TYPE_CHECKING:
     from stoker._engine._config import EngineConfig, EngineMemory
@@ -71,6 +73,7 @@ class Dispatcher:
         self._group_tasks = config.worker_mode == "process" and not config.iterable
         # Batches per prefetch slot; 0 until GROUP_AFTER are measured (in an earlier epoch).
         self.group = memory.task_group if free else 1
+        self._inline: Callable[[Any], tuple[Any, Any]] | None = None
         self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches
         self._first_loads: list[float] = []  # of the first ones, to size the group
 
@@ -91,6 +94,8 @@ class Dispatcher:
         ``grouping`` (of single batches before: the epoch's first comes sooner);
         ``candidates``: the workers that may take tasks now (default all)."""
         sends: Sends = {}
+        if self._inline is not None:
+            return sends  # the main process loads the rest
         window, group = self._window, self.group
         depth = prefetch * max(1, group) if grouping else prefetch
         size = depth * window.workers
@@ -113,6 +118,31 @@ class Dispatcher:
             else:
                 self._queue_batch(sends, wid, k, task)
         return sends
+
+    def load_inline(self, config: EngineConfig) -> None:
+        """From now on the main process loads the epoch's tasks left, one per
+        :meth:`fetch_one`, seeded as in workers, into the loader's in-process buffers; the
+        workers answer what they were sent."""
+        alloc = self._memory.buffers(IN_PROCESS_BUFFERS, shared=False).alloc
+        fetcher = config.make_fetcher()
+        self._inline = functools.partial(fetcher.fetch_skipping, alloc=alloc)
+        self._inline_draws = fetcher.draws
+
+    def fetch_one(self) -> bool:
+        """Load the next task in the main process (see :meth:`load_inline`) once the
+        window is empty, and put it in; whether one was put."""
+        if self._inline is None or self._window.in_flight or (got := self._next()) is None:
+            return False
+        k, task = got
+        idx = self._window.add(0, [k])
+        self._window.answered(0, idx)
+        if self._inline_draws:  # seeded as a worker, or SingleProcessIterator, seeds it
+            seed = mix_seed(self._seed, self._epoch, k)
+            data, skipped = call_seeded(seed, self._inline, task)
+        else:
+            data, skipped = self._inline(task)
+        self._window.put(idx, (k, data, skipped))
+        return True
 
     def _next(self) -> tuple[int, Any] | None:
         try:

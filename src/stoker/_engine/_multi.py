@@ -80,7 +80,7 @@ class MultiWorkerIterator:
         self._lazy = starts_lazily(free, pool.lazy_start, memory.first_batch_s)
         try:
             pool.start(1)  # first: it starts up while the sampler draws
-            self._reset()  # queues the first tasks: a worker not started gets them as it starts
+            self.restart()  # queues the first tasks: a worker not started gets them as it starts
             if not self._lazy:
                 pool.start()  # each one busy with its tasks while the next one forks
         except BaseException:  # Ctrl-C, a sampler that raises: no worker outlives iter()
@@ -94,17 +94,14 @@ class MultiWorkerIterator:
         """Whether the workers can still serve epochs (persistent workers are reused)."""
         return self._pool.alive
 
-    def restart(self) -> None:
-        """Start the next epoch on the same (persistent) workers."""
-        self._reset()
-
     def shutdown(self) -> None:
         """Stop the workers now (also done on garbage collection and at the epoch's end
         without ``persistent_workers``)."""
         self._finalizer()
 
-    def _reset(self) -> None:
-        """Start an epoch: fresh tasks and seed, results of an unfinished one discarded."""
+    def restart(self) -> None:
+        """Start an epoch (the next ones on the same, persistent, workers): fresh tasks and
+        seed, results of an unfinished one discarded."""
         if self._generation:
             self._pool.new_epoch()  # persistent workers start another epoch
         self._generation += 1
@@ -187,6 +184,8 @@ class MultiWorkerIterator:
                 if skipped is not None and skipped[2]:
                     continue  # every sample of the batch failed: it is dropped
                 return self._deliver(item)
+            if self._dispatch.fetch_one():
+                continue  # autotune moved loading in process
             if self._window.drained(self._dispatch.done):
                 self._end()
                 raise StopIteration
@@ -265,9 +264,8 @@ class MultiWorkerIterator:
         return self._pool.shared_memory_bytes(), sum(self._window.outstanding)
 
     def _autotune(self, probe: Probe | None = None) -> None:
-        """Ask the tuner after a delivered batch, or a worker's ``probe``; apply what it
-        decides."""
-        from stoker._autotune import ADD_PREFETCH
+        """Ask the tuner after a delivered batch or a worker's ``probe``; apply its decision."""
+        from stoker._autotune import ADD_PREFETCH, IN_PROCESS_NOW
 
         assert self._tuner is not None
         if probe is not None:
@@ -276,6 +274,8 @@ class MultiWorkerIterator:
             decision = self._tuner.step(self._stats, self._pool.started_pids())
         if decision > 0:
             self._add_workers(decision)
+        if decision == IN_PROCESS_NOW:
+            self._dispatch.load_inline(self._config)
         if decision == ADD_PREFETCH:
             self._prefetch += 1
             self._stats.prefetch = self._prefetch
@@ -283,7 +283,7 @@ class MultiWorkerIterator:
 
     def _add_workers(self, count: int) -> None:
         """Give tasks to ``count`` more of the pool's workers (built already, started now);
-        ``_reset`` makes the next epoch's window at the new count, so persistent workers
+        ``restart`` makes the next epoch's window at the new count, so persistent workers
         keep the count found. All start before the refill, so the tasks left spread over
         all of them rather than filling the first ones' windows."""
         for _ in range(count):
