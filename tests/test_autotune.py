@@ -519,3 +519,28 @@ def test_fast_batches_move_in_process_mid_epoch_with_the_same_batches(
     decisions = auto.statistics().autotune
     assert any(d.startswith("load in process from now on") for d in decisions), decisions
     assert auto.statistics().num_workers == 0  # the later epochs ran in process
+
+
+class Pids(Waiting):
+    """Samples that say which process loaded them."""
+
+    def __getitem__(self, i: int) -> Any:
+        return np.array([i, os.getpid()])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_switch_to_processes_before_the_first_batch_takes_the_epoch_over(
+    persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """worker_mode="auto" starts with threads; when their first samples show the GIL held,
+    a process pool loads the whole epoch, its first batch included, and the later epochs."""
+    monkeypatch.setattr(_autotune, "threads_suffice", lambda *a: (False, "the GIL is held"))
+    loader: DataLoader[Any] = DataLoader(
+        Pids(n=64), batch_size=16, num_workers="auto", worker_mode="auto",
+        persistent_workers=persistent,
+    )  # fmt: skip
+    for _ in range(2):
+        batches = list(loader)
+        assert [int(b[0][0]) for b in batches] == [0, 16, 32, 48]
+        assert all(int(pid) != os.getpid() for b in batches for pid in b[:, 1]), batches
+    assert "process workers (at once" in loader.statistics().autotune[0]

@@ -282,7 +282,7 @@ class Autotuner:
             self.decide(f"thread workers: {why}")
             return
         self._switch, self.tune_mode = "process", False
-        self.decide(f"process workers from the next epoch: {why}")
+        self.decide(f"process workers (at once if no batch is out yet, else next epoch): {why}")
 
     def decide(self, text: str) -> None:
         """Record and log a decision."""

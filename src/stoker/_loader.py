@@ -229,7 +229,6 @@ class DataLoader(Generic[T_co]):
         self.multiprocessing_context = multiprocessing_context
         self._iterable_len_reported: int | None = None
         self._iterator: MultiWorkerIterator | None = None
-        self._iterator_mode = worker_mode  # the persistent iterator's
         self._pin_device: str | None = None
         self._pin_checked = False
         self._base_seed: int | None = None
@@ -592,7 +591,7 @@ class DataLoader(Generic[T_co]):
         tuner = self._autotuner()
         epochs = _Epochs(self)
         mode = tuner.next_mode() if tuner is not None else self.worker_mode
-        if self._iterator is not None and mode != self._iterator_mode:
+        if self._iterator is not None and mode != self._iterator.mode:
             self._iterator.shutdown()  # worker_mode="auto" chose the other mode
             self._iterator = None
         if self.num_workers == 0 or (tuner is not None and tuner.workers == 0):
@@ -613,7 +612,6 @@ class DataLoader(Generic[T_co]):
         if self._iterator is None or not self._iterator.alive:
             self._draw_iterator_seed()  # torch draws once for persistent workers
             self._iterator = MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs)
-            self._iterator_mode = mode
         else:
             self._iterator.restart()
         return self._iterator

@@ -12,6 +12,7 @@ size and the split plan.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,7 @@ class Dispatcher:
         self._iterable = config.iterable
         tuned = config.tuner is not None and config.tuner.tune_workers
         self._balance = balances_load(free, tuned, config.iterable)
+        self._may_switch = config.tuner is not None and config.tuner.tune_mode
         self._can_split = free and joinable and _splittable(config)
         # Process workers get a group's batches as one task, answered in one slot.
         self._group_tasks = config.worker_mode == "process" and not config.iterable
@@ -78,12 +80,21 @@ class Dispatcher:
         self._first_loads: list[float] = []  # of the first ones, to size the group
 
     def new_epoch(
-        self, window: ReorderWindow, epoch: Epoch, generation: int, worker_seeds: list[int]
+        self,
+        window: ReorderWindow,
+        epoch: Epoch,
+        generation: int,
+        worker_seeds: list[int],
+        replay: list[tuple[int, Any]] | None = None,
     ) -> None:
         """Send epoch ``epoch``'s tasks into ``window`` from now on, marked with
-        ``generation``; an iterable dataset's worker ``w`` seeds itself once with
-        ``worker_seeds[w]``."""
-        self._window, self._splits, self._tasks = window, Splits(), epoch.tasks
+        ``generation``, those of ``replay`` first; an iterable dataset's worker ``w`` seeds
+        itself once with ``worker_seeds[w]``."""
+        self._window, self._splits = window, Splits()
+        self._tasks = itertools.chain(replay, epoch.tasks) if replay else epoch.tasks
+        # The tasks drawn, until one is delivered: worker_mode="auto" may restart the
+        # epoch in the other mode until then.
+        self.drawn: list[tuple[int, Any]] | None = [] if self._may_switch else None
         self._seed, self._epoch, self._generation = epoch.seed, epoch.number, generation
         self._worker_seeds = worker_seeds
         self.done = False  # the sampler has no more tasks this epoch
@@ -152,6 +163,8 @@ class Dispatcher:
             return None
         if self.first_task is None:
             self.first_task = task
+        if self.drawn is not None:
+            self.drawn.append((k, task))
         return k, task
 
     def _queue(self, sends: Sends, wid: int, ks: list[int], task: Any, seed: Any) -> int:

@@ -16,6 +16,7 @@ torch warns).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import warnings
@@ -26,7 +27,7 @@ from stoker._engine._dispatch import Dispatcher
 from stoker._engine._interrupts import raise_pending
 from stoker._engine._messages import Loaded, LoadedGroup, Probe, Ready, StartFailed, ToIterator
 from stoker._engine._pin import pin
-from stoker._engine._pool import make_pool
+from stoker._engine._pool import WorkerPool, make_pool
 from stoker._engine._window import Failure, ReorderWindow
 from stoker._engine._worker import worker_seed
 from stoker._osprobe import available_cpus
@@ -36,6 +37,7 @@ from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
     from stoker._engine._config import EngineConfig, EngineMemory, Epochs
+    from stoker._state import Epoch
 
 _HEALTH_CHECK_S = 5.0
 """Longest single wait for a result; deaths are seen at once, this only bounds the call."""
@@ -61,31 +63,35 @@ class MultiWorkerIterator:
         # tuner's capacity, and only the first _num_workers workers get tasks.
         self._tuner = config.tuner
         self._num_workers, self._prefetch = config.num_workers, config.prefetch
-        # torch's assignment where the user's code could see it, else stoker's own.
-        free = assigns_freely(config.dataset, config.collate_fn, config.iterable, config.init_fn)
         # e.g. ImageFolder(decode="gpu"): the dataset's step on each batch, before pinning;
         # its batches are not split (their columns need not join).
         self._step = getattr(config.dataset, "main_process_step", None)
-        self._dispatch = Dispatcher(config, memory, epochs.length, free, self._step is None)
-        # Workers start seeded from base + id, as in torch (an iterable dataset's base is
-        # the epoch's: see worker_seed).
-        seeds = worker_seeds(config, epochs.base_seed(), epochs.next_number())
-        pool, self._pin_device = make_pool(config, memory, seeds)
-        self._pool = pool
-        self._started = [False] * config.capacity
-        self._finalizer = weakref.finalize(self, pool.shutdown)
         self._generation = 0
-        pool.limit_start(self._num_workers)
-        # Lazy start pays off when the first batch comes sooner than the other forks take.
-        self._lazy = starts_lazily(free, pool.lazy_start, memory.first_batch_s)
+        self._open_pool(epochs.next_number())
+        pool = self._pool
         try:
             pool.start(1)  # first: it starts up while the sampler draws
-            self.restart()  # queues the first tasks: a worker not started gets them as it starts
+            self._begin(epochs.start())  # a worker not started gets its tasks as it starts
             if not self._lazy:
                 pool.start()  # each one busy with its tasks while the next one forks
         except BaseException:  # Ctrl-C, a sampler that raises: no worker outlives iter()
             self._finalizer()
             raise
+
+    def _open_pool(self, epoch: int) -> None:
+        """Build the pool for ``self._config`` (workers seeded for ``epoch`` from base + id,
+        as in torch; an iterable dataset's base is the epoch's: see worker_seed)."""
+        config, memory = self._config, self._memory
+        # torch's assignment where the user's code could see it, else stoker's own.
+        free = assigns_freely(config.dataset, config.collate_fn, config.iterable, config.init_fn)
+        self._dispatch = Dispatcher(config, memory, self._epochs.length, free, self._step is None)
+        seeds = worker_seeds(config, self._epochs.base_seed(), epoch)
+        pool, self._pin_device = make_pool(config, memory, seeds)
+        self._pool, self._started = pool, [False] * config.capacity
+        self._finalizer = weakref.finalize(self, pool.shutdown)
+        pool.limit_start(self._num_workers)
+        # Lazy start pays off when the first batch comes sooner than the other forks take.
+        self._lazy = starts_lazily(free, pool.lazy_start, memory.first_batch_s)
 
     # -- epochs ------------------------------------------------------------------------
 
@@ -95,25 +101,31 @@ class MultiWorkerIterator:
         return self._pool.alive
 
     def shutdown(self) -> None:
-        """Stop the workers now (also done on garbage collection and at the epoch's end
-        without ``persistent_workers``)."""
+        """Stop the workers now (else at garbage collection, or at the epoch's end)."""
         self._finalizer()
 
+    @property
+    def mode(self) -> str:
+        """The workers' mode: "process" or "thread" (``worker_mode="auto"`` may switch)."""
+        return self._config.worker_mode
+
     def restart(self) -> None:
-        """Start an epoch (the next ones on the same, persistent, workers): fresh tasks and
-        seed, results of an unfinished one discarded."""
-        if self._generation:
-            self._pool.new_epoch()  # persistent workers start another epoch
+        """Start the next epoch on the same (persistent) workers; the results of an
+        unfinished one are discarded."""
+        self._pool.new_epoch()
+        self._begin(self._epochs.start())
+
+    def _begin(self, epoch: Epoch, replay: list[tuple[int, Any]] | None = None) -> None:
+        """Start ``epoch`` (the loader numbers its tasks and records deliveries for
+        state_dict), the tasks of ``replay`` (drawn already) first."""
         self._generation += 1
         # The epoch's time, as the tuner compares it with loading in process, counts the
         # sampler's draw, as SingleProcessIterator's does.
         self._drawing = time.perf_counter()
-        # The loader numbers the epoch's tasks (k) and records deliveries for state_dict.
-        epoch = self._epoch_state = self._epochs.start()
-        config = self._config
+        self._epoch_state, config = epoch, self._config
         seeds = worker_seeds(config, self._epochs.base_seed(), epoch.number)
         self._window = ReorderWindow(self._num_workers, config.in_order)
-        self._dispatch.new_epoch(self._window, epoch, self._generation, seeds)
+        self._dispatch.new_epoch(self._window, epoch, self._generation, seeds, replay)
         self._yielded = 0
         self._began = time.perf_counter()
         # Worker processes running before this epoch: one that starts more (the first, or
@@ -189,7 +201,7 @@ class MultiWorkerIterator:
             if self._window.drained(self._dispatch.done):
                 self._end()
                 raise StopIteration
-            self._handle(*self._wait())
+            self._handle(*wait(self._pool, self._window, self._started, self._config.timeout))
             # Results that came in the same read are handled now, without a system call,
             # so the tasks that replace them go out together.
             while (more := self._pool.buffered()) is not None:
@@ -209,38 +221,13 @@ class MultiWorkerIterator:
             self._refill()  # the group is sized: fill the windows to their new depth
         if not self._yielded:
             self._memory.first_batch_s = time.perf_counter() - self._began
+            self._dispatch.drawn = None  # no switch of mode after a delivery
         if self._tuner is not None and not self._tuner.settled:
             self._autotune()
         self._yielded += 1
         if self._config.iterable:
             self._epochs.delivered(self._yielded)
         return item
-
-    def _wait(self) -> tuple[int, ToIterator]:
-        pool = self._pool
-        if pool.pending_start:
-            if pool.is_started(self._window.waiting_for()):
-                got = pool.get(LAZY_START_S)
-                if got is not None:
-                    return got
-            pool.start()  # the first batch is slow, or queued for an unstarted worker
-        timeout = self._config.timeout
-        if timeout <= 0:
-            while (got := pool.get(_HEALTH_CHECK_S)) is None:
-                pass
-            return got
-        wid = self._window.waiting_for()
-        got = pool.get(timeout if self._started[wid] else _START_TIMEOUT_S)
-        if got is None:
-            who = pool.describe(wid)
-            pool.shutdown(grace_s=0.0)  # a stuck worker would not stop anyway
-            self._finalizer()
-            raise WorkerError(
-                f"DataLoader timed out after {timeout:g} seconds waiting for a batch from "
-                f"{who}, which is alive but made no progress. Raise timeout= (or set it to 0 "
-                "to wait as long as workers live), or find what blocks in the dataset."
-            )
-        return got
 
     def _handle(self, wid: int, msg: ToIterator) -> None:
         if isinstance(msg, Ready):
@@ -270,6 +257,8 @@ class MultiWorkerIterator:
         assert self._tuner is not None
         if probe is not None:
             decision = self._tuner.probe(probe, batches_left(self._epochs, self._stats.batches))
+            if not self._yielded and self._tuner.next_mode() != self.mode:
+                return self._switch_mode(self._tuner.mode)
         else:
             decision = self._tuner.step(self._stats, self._pool.started_pids())
         if decision > 0:
@@ -280,6 +269,19 @@ class MultiWorkerIterator:
             self._prefetch += 1
             self._stats.prefetch = self._prefetch
             self._refill()
+
+    def _switch_mode(self, mode: str) -> None:
+        """Before the epoch's first delivery the tuner chose ``mode``: a pool of it takes
+        the epoch over from its first task (the old one's batches are dropped; its threads
+        finish the batch they load, as daemons, and stop)."""
+        self._finalizer()
+        assert self._tuner is not None
+        drawn, self._num_workers = self._dispatch.drawn, self._tuner.workers
+        config = dataclasses.replace(self._config, worker_mode=mode, probe=False)
+        self._config = dataclasses.replace(config, num_workers=self._num_workers)
+        self._open_pool(self._epoch_state.number)
+        self._pool.start()
+        self._begin(self._epoch_state, drawn)
 
     def _add_workers(self, count: int) -> None:
         """Give tasks to ``count`` more of the pool's workers (built already, started now);
@@ -293,6 +295,36 @@ class MultiWorkerIterator:
         self._pool.limit_start(self._num_workers)
         self._pool.start(count)  # a process pool starts them; threads run already
         self._refill()
+
+
+def wait(
+    pool: WorkerPool, window: ReorderWindow, started: list[bool], timeout: float
+) -> tuple[int, ToIterator]:
+    """The pool's next (worker id, message). While later workers start lazily, a short wait
+    on a started worker, then the rest start. With a ``timeout`` (from the worker's start-up
+    on; before it, :data:`_START_TIMEOUT_S`), a silent worker raises ``WorkerError`` and the
+    pool is shut down; without one, deaths still end the wait."""
+    if pool.pending_start:
+        if pool.is_started(window.waiting_for()):
+            got = pool.get(LAZY_START_S)
+            if got is not None:
+                return got
+        pool.start()  # the first batch is slow, or queued for an unstarted worker
+    if timeout <= 0:
+        while (got := pool.get(_HEALTH_CHECK_S)) is None:
+            pass
+        return got
+    wid = window.waiting_for()
+    got = pool.get(timeout if started[wid] else _START_TIMEOUT_S)
+    if got is None:
+        who = pool.describe(wid)
+        pool.shutdown(grace_s=0.0)  # a stuck worker would not stop anyway
+        raise WorkerError(
+            f"DataLoader timed out after {timeout:g} seconds waiting for a batch from "
+            f"{who}, which is alive but made no progress. Raise timeout= (or set it to 0 "
+            "to wait as long as workers live), or find what blocks in the dataset."
+        )
+    return got
 
 
 def worker_seeds(config: EngineConfig, base: int, epoch: int) -> list[int]:
