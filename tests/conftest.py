@@ -12,7 +12,8 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
@@ -21,6 +22,8 @@ _LEAK_WAIT_S = 3.0
 _RECHECK_S = 0.02
 
 _SHM_DIR = "/dev/shm"
+
+_E = TypeVar("_E", bound=BaseException)
 
 
 def _children() -> set[int]:
@@ -129,3 +132,24 @@ def _fd_target(fd: int) -> str:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return "?"
+
+
+def raised(expected: type[_E], fn: Callable[[], object]) -> _E:
+    """What ``fn`` raises (it must be ``expected``), its chain's tracebacks dropped.
+
+    torch's loader re-raises a worker's error from a frame that holds the exception, so the
+    traceback is a cycle that keeps the iterator. Collected later by gc, with its queues
+    closed first, that iterator waits 5 s for each live worker: without the traceback it
+    is freed, and shuts down, as soon as the error is caught.
+    """
+    try:
+        fn()
+    except expected as exc:
+        caught = exc
+    else:
+        pytest.fail(f"{expected.__name__} was not raised")
+    link: BaseException | None = caught
+    while link is not None:
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return caught
