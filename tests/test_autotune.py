@@ -144,7 +144,14 @@ def _epochs(loader: DataLoader[Any], n: int = 3) -> list[list[str]]:
     return [_digest(loader) for _ in range(n)]
 
 
+@pytest.fixture
+def trial_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No move in process from the first batch's timing: the end-of-epoch trial decides."""
+    monkeypatch.setattr(_autotune, "_MEASURE_BELOW_S", 0.0)
+
+
 @pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.usefixtures("trial_only")
 def test_auto_loads_in_process_when_workers_cost_more(persistent: bool) -> None:
     """Short epochs of tiny batches: after one epoch with workers (their start costs more
     than the loading), auto tries and keeps loading in process, with the same batches."""
@@ -163,6 +170,7 @@ def test_auto_loads_in_process_when_workers_cost_more(persistent: bool) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.usefixtures("trial_only")
 def test_auto_judges_persistent_workers_by_an_epoch_that_did_not_start_them() -> None:
     """Spawned persistent workers take long to start, once: the first epoch, which waited
     for them, does not send the loader in process (the second may: see the test above)."""
@@ -495,29 +503,24 @@ def test_worker_mode_auto_is_fixed_to_processes_for_an_iterable_dataset() -> Non
     assert tuner.decisions == ["iterable dataset: process workers (its draws are seeded per epoch)"]
 
 
-class Tiny(Waiting):
-    """Fast samples that draw from NumPy's global RNG."""
-
-    def __getitem__(self, i: int) -> Any:
-        return np.full(2, i, np.float64) + np.random.random(2)
-
-
-@pytest.mark.parametrize("mode", ["process", "thread"])
+@pytest.mark.parametrize("mode", ["process", "thread", "auto"])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_fast_batches_move_in_process_mid_epoch_with_the_same_batches(
     mode: str, persistent: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Once the first batches load faster than a worker hands one over, the rest of the
-    epoch loads in the main process, seeded as a worker would: every epoch's batches are
-    those of num_workers=0 (the threshold is raised so that any load qualifies)."""
+    """A first batch that loads in the main process faster than a worker hands one over:
+    the rest of the epoch, and the next ones, load there, and every epoch's batches are
+    those of num_workers=0 (the thresholds are raised so that any load qualifies)."""
     monkeypatch.setattr(_autotune, "IN_PROCESS_NOW_S", 10.0)
+    monkeypatch.setattr(_autotune, "_MEASURE_BELOW_S", 10.0)
+    data = TensorDataset(np.arange(64 * 3, dtype=np.float32).reshape(64, 3))
     kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 5}
     auto: DataLoader[Any] = DataLoader(
-        Tiny(n=64), num_workers="auto", worker_mode=mode, persistent_workers=persistent, **kw
+        data, num_workers="auto", worker_mode=mode, persistent_workers=persistent, **kw
     )
-    assert _epochs(auto) == _epochs(DataLoader(Tiny(n=64), **kw))
+    assert _epochs(auto) == _epochs(DataLoader(data, **kw))
     decisions = auto.statistics().autotune
-    assert any(d.startswith("load in process from now on") for d in decisions), decisions
+    assert decisions[0].startswith("load in process from now on"), decisions
     assert auto.statistics().num_workers == 0  # the later epochs ran in process
 
 

@@ -61,8 +61,10 @@ _WORKERS_PER_CPU = 4
 """Capacity: process workers per CPU (waiting workers use little CPU; measuring decides)."""
 _MAX_CAPACITY = 32
 """At most this many workers, whatever the CPU count."""
-_FIRST_LOADS = 3
-"""Batches after the first whose load time decides :data:`IN_PROCESS_NOW`."""
+_MEASURE_BELOW_S = 0.002
+"""A first batch (cold: a worker's first) faster than this is timed in the main process
+too, to see whether it loads under :data:`~stoker._policy.IN_PROCESS_NOW_S` there; a
+slower one surely does not, and timing it would cost more than it could save."""
 _JUMP_BATCH_S = 0.02
 """A batch the probe says loads slower than this sends the count straight to the model's:
 an epoch may be over before windows of such batches reach it. Faster batches are tuned by
@@ -125,11 +127,6 @@ class Autotuner:
         self._batch_bytes = 0
         self._budget = memory_budget()
         self._in_process = in_process  # still a candidate
-        # (batches, busy seconds) when the first loads began to count (see
-        # _load_in_process_now); None once decided, or never with a fixed count.
-        self._now_mark: tuple[int, float] | None = (
-            (-1, 0.0) if in_process and tune_workers else None
-        )
         self._trial: tuple[int, float] | None = None  # (workers, seconds per batch) before
         self._wait = 0  # epochs with workers before another trial, after a lost one
         self._retry_after = _RETRY_AFTER
@@ -193,7 +190,12 @@ class Autotuner:
         """Whether the next iterator's workers should time their first samples."""
         return (self.tune_workers or self.tune_mode) and not self._probed
 
-    def probe(self, p: Probe, batches_left: int | None) -> int:
+    def probe(
+        self,
+        p: Probe,
+        batches_left: int | None,
+        load_in_process: Callable[[], float | None] | None = None,
+    ) -> int:
         """A worker's first samples are timed: go to the count the model predicts (module
         docstring) and, with ``worker_mode="auto"``, choose the next epoch's mode. Returns
         the workers to add now; only the first probe decides.
@@ -201,6 +203,8 @@ class Autotuner:
         Args:
             p: the worker's report.
             batches_left: batches of the epoch not delivered yet, or None if unknown.
+            load_in_process: times the epoch's first batch in the main process (None
+                where it draws); a fast one moves loading there (:data:`IN_PROCESS_NOW`).
         """
         if self._probed:
             return KEEP
@@ -208,6 +212,8 @@ class Autotuner:
         share = min(1.0, p.cpu / max(p.wall, 1e-9))  # of a CPU, a fetch on its thread
         if p.nbytes:
             self._batch_bytes = max(self._batch_bytes, p.nbytes * max(1, p.batch_len))
+        if self._in_process_now(p.wall * p.batch_len, load_in_process):
+            return IN_PROCESS_NOW
         want, why = self._predict(share, batches_left)
         if self.tune_mode:
             self._choose_mode(p, share)
@@ -222,26 +228,20 @@ class Autotuner:
         self.workers += more
         return more
 
-    def _load_in_process_now(self, rec: StatsRecorder) -> bool:
-        """After the first batches: whether they loaded so fast that the rest of the epoch
-        goes in process at once (:data:`~stoker._policy.IN_PROCESS_NOW_S`). The first batch
-        is not counted: it pays for the worker's start-up and cold caches."""
-        assert self._now_mark is not None
-        if self._now_mark[0] < 0:
-            self._now_mark = (rec.batches, sum(rec.busy))
+    def _in_process_now(
+        self, first_s: float, load_in_process: Callable[[], float | None] | None
+    ) -> bool:
+        """Whether a first batch of ``first_s`` seconds loads so fast in the main process
+        that the rest of the epoch and the next ones load there at once."""
+        if not (self._in_process and self.tune_workers and first_s < _MEASURE_BELOW_S):
             return False
-        batches, busy = self._now_mark
-        if rec.batches - batches < _FIRST_LOADS:
+        load = load_in_process() if load_in_process is not None else None
+        if load is None or load >= IN_PROCESS_NOW_S:
             return False
-        self._now_mark = None
-        load = (sum(rec.busy) - busy) / (rec.batches - batches)
-        if load >= IN_PROCESS_NOW_S:
-            return False
-        self.workers, self._in_process, self.settled = 0, False, True
-        self._switch = None  # no workers: no mode to switch to
+        self.workers, self._in_process, self.settled, self.tune_mode = 0, False, True, False
         self.decide(
-            f"load in process from now on: a batch loads in {load * 1e6:.0f} us, less than "
-            "a worker takes to hand it over"
+            f"load in process from now on: a batch loads in {load * 1e6:.0f} us there, less "
+            "than a worker takes to hand it over"
         )
         return True
 
@@ -303,8 +303,6 @@ class Autotuner:
             rec: the iterator's counters.
             pids: the worker processes started (for their CPU use; empty for threads).
         """
-        if self._now_mark is not None and self._load_in_process_now(rec):
-            return IN_PROCESS_NOW
         if self.settled or rec.batches < self._due:
             return KEEP
         batches, t0, wait0, cpu0 = self._mark

@@ -31,7 +31,7 @@ from stoker._policy import (
     typical_load_s,
     worth_splitting,
 )
-from stoker._random import call_seeded, mix_seed
+from stoker._random import mix_seed
 
 if TYPE_CHECKING:
     from stoker._engine._config import EngineConfig, EngineMemory
@@ -132,12 +132,12 @@ class Dispatcher:
 
     def load_inline(self, config: EngineConfig) -> None:
         """From now on the main process loads the epoch's tasks left, one per
-        :meth:`fetch_one`, seeded as in workers, into the loader's in-process buffers; the
-        workers answer what they were sent."""
+        :meth:`fetch_one`, into the loader's in-process buffers (unseeded: the tuner moves
+        only fetchers that draw nothing); the workers answer what they were sent."""
         alloc = self._memory.buffers(IN_PROCESS_BUFFERS, shared=False).alloc
         fetcher = config.make_fetcher()
+        assert not fetcher.draws  # the tuner timed it in process: only such fetchers
         self._inline = functools.partial(fetcher.fetch_skipping, alloc=alloc)
-        self._inline_draws = fetcher.draws
 
     def fetch_one(self) -> bool:
         """Load the next task in the main process (see :meth:`load_inline`) once the
@@ -147,11 +147,7 @@ class Dispatcher:
         k, task = got
         idx = self._window.add(0, [k])
         self._window.answered(0, idx)
-        if self._inline_draws:  # seeded as a worker, or SingleProcessIterator, seeds it
-            seed = mix_seed(self._seed, self._epoch, k)
-            data, skipped = call_seeded(seed, self._inline, task)
-        else:
-            data, skipped = self._inline(task)
+        data, skipped = self._inline(task)
         self._window.put(idx, (k, data, skipped))
         return True
 

@@ -256,9 +256,10 @@ class MultiWorkerIterator:
 
         assert self._tuner is not None
         if probe is not None:
-            decision = self._tuner.probe(probe, batches_left(self._epochs, self._stats.batches))
+            timer = functools.partial(load_in_process, self._config, self._dispatch.first_task)
+            decision = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
             if not self._yielded and self._tuner.next_mode() != self.mode:
-                return self._switch_mode(self._tuner.mode)
+                return self._switch_mode(self._tuner.mode, self._tuner.workers)
         else:
             decision = self._tuner.step(self._stats, self._pool.started_pids())
         if decision > 0:
@@ -270,13 +271,12 @@ class MultiWorkerIterator:
             self._stats.prefetch = self._prefetch
             self._refill()
 
-    def _switch_mode(self, mode: str) -> None:
-        """Before the epoch's first delivery the tuner chose ``mode``: a pool of it takes
-        the epoch over from its first task (the old one's batches are dropped; its threads
+    def _switch_mode(self, mode: str, workers: int) -> None:
+        """Before the epoch's first delivery the tuner chose ``mode``: ``workers`` of it take
+        the epoch over from its first task (the old pool's batches are dropped; its threads
         finish the batch they load, as daemons, and stop)."""
         self._finalizer()
-        assert self._tuner is not None
-        drawn, self._num_workers = self._dispatch.drawn, self._tuner.workers
+        drawn, self._num_workers = self._dispatch.drawn, workers
         config = dataclasses.replace(self._config, worker_mode=mode, probe=False)
         self._config = dataclasses.replace(config, num_workers=self._num_workers)
         self._open_pool(self._epoch_state.number)
