@@ -11,7 +11,6 @@ size and the split plan.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -24,8 +23,8 @@ from stoker._engine._transport import RemoteError
 from stoker._engine._window import Failure
 from stoker._policy import (
     GROUP_AFTER,
-    IN_PROCESS_BUFFERS,
     JOIN_BUFFERS,
+    assigns_freely,
     balances_load,
     group_size,
     typical_load_s,
@@ -52,7 +51,6 @@ class Dispatcher:
         config: the loader's engine configuration.
         memory: the loader's engine memory (join buffers; what earlier epochs showed).
         length: the epoch's batch count (raises ``TypeError`` when unknown).
-        free: only stoker's code sees the assignment (see ``ReorderWindow.choose``).
         joinable: batches as collated may be joined (not shaped for a dataset's
             ``main_process_step``); the tail is split only then (see :func:`_splittable`).
     """
@@ -62,20 +60,22 @@ class Dispatcher:
         config: EngineConfig,
         memory: EngineMemory,
         length: Callable[[], int],
-        free: bool,
         joinable: bool,
     ) -> None:
+        # torch's assignment where the user's code could see it, else stoker's own.
+        self.free = free = assigns_freely(
+            config.dataset, config.collate_fn, config.iterable, config.init_fn
+        )
         self._memory, self._length = memory, length
         self._iterable = config.iterable
         tuned = config.tuner is not None and config.tuner.tune_workers
         self._balance = balances_load(free, tuned, config.iterable)
-        self._may_switch = config.tuner is not None and config.tuner.tune_mode
+        self._may_switch = config.probe  # the tuner may restart the epoch at the probe
         self._can_split = free and joinable and _splittable(config)
         # Process workers get a group's batches as one task, answered in one slot.
         self._group_tasks = config.worker_mode == "process" and not config.iterable
         # Batches per prefetch slot; 0 until GROUP_AFTER are measured (in an earlier epoch).
         self.group = memory.task_group if free else 1
-        self._inline: Callable[[Any], tuple[Any, Any]] | None = None
         self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches
         self._first_loads: list[float] = []  # of the first ones, to size the group
 
@@ -92,8 +92,8 @@ class Dispatcher:
         itself once with ``worker_seeds[w]``."""
         self._window, self._splits = window, Splits()
         self._tasks = itertools.chain(replay, epoch.tasks) if replay else epoch.tasks
-        # The tasks drawn, until one is delivered: worker_mode="auto" may restart the
-        # epoch in the other mode until then.
+        # The tasks drawn, until one is delivered: until then the tuner may restart the
+        # epoch in the other mode, or in the main process.
         self.drawn: list[tuple[int, Any]] | None = [] if self._may_switch else None
         self._seed, self._epoch, self._generation = epoch.seed, epoch.number, generation
         self._worker_seeds = worker_seeds
@@ -105,8 +105,6 @@ class Dispatcher:
         ``grouping`` (of single batches before: the epoch's first comes sooner);
         ``candidates``: the workers that may take tasks now (default all)."""
         sends: Sends = {}
-        if self._inline is not None:
-            return sends  # the main process loads the rest
         window, group = self._window, self.group
         depth = prefetch * max(1, group) if grouping else prefetch
         size = depth * window.workers
@@ -129,27 +127,6 @@ class Dispatcher:
             else:
                 self._queue_batch(sends, wid, k, task)
         return sends
-
-    def load_inline(self, config: EngineConfig) -> None:
-        """From now on the main process loads the epoch's tasks left, one per
-        :meth:`fetch_one`, into the loader's in-process buffers (unseeded: the tuner moves
-        only fetchers that draw nothing); the workers answer what they were sent."""
-        alloc = self._memory.buffers(IN_PROCESS_BUFFERS, shared=False).alloc
-        fetcher = config.make_fetcher()
-        assert not fetcher.draws  # the tuner timed it in process: only such fetchers
-        self._inline = functools.partial(fetcher.fetch_skipping, alloc=alloc)
-
-    def fetch_one(self) -> bool:
-        """Load the next task in the main process (see :meth:`load_inline`) once the
-        window is empty, and put it in; whether one was put."""
-        if self._inline is None or self._window.in_flight or (got := self._next()) is None:
-            return False
-        k, task = got
-        idx = self._window.add(0, [k])
-        self._window.answered(0, idx)
-        data, skipped = self._inline(task)
-        self._window.put(idx, (k, data, skipped))
-        return True
 
     def _next(self) -> tuple[int, Any] | None:
         try:

@@ -16,11 +16,12 @@ torch warns).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import itertools
 import time
 import warnings
 import weakref
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stoker._engine._dispatch import Dispatcher
@@ -28,10 +29,11 @@ from stoker._engine._interrupts import raise_pending
 from stoker._engine._messages import Loaded, LoadedGroup, Probe, Ready, StartFailed, ToIterator
 from stoker._engine._pin import pin
 from stoker._engine._pool import WorkerPool, make_pool
+from stoker._engine._single import SingleProcessIterator
 from stoker._engine._window import Failure, ReorderWindow
 from stoker._engine._worker import worker_seed
 from stoker._osprobe import available_cpus
-from stoker._policy import LAZY_START_S, assigns_freely, starts_lazily
+from stoker._policy import LAZY_START_S, starts_lazily
 from stoker._stats import StatsRecorder
 from stoker.errors import WorkerError
 
@@ -49,13 +51,13 @@ this long."""
 class MultiWorkerIterator:
     """One epoch (or, with ``persistent_workers``, every epoch) of a loader with workers.
 
-    Created by ``DataLoader.__iter__`` in the thread that iterates; ``__next__`` must be
-    called from one thread at a time. :meth:`restart` starts the next epoch on the same
-    workers.
-    """
+    Made by ``DataLoader.__iter__`` in the thread that iterates, ``__next__`` called from
+    one thread at a time; :meth:`restart` starts the next epoch on the same workers."""
 
     def __init__(self, config: EngineConfig, memory: EngineMemory, epochs: Epochs) -> None:
-        self._created = time.perf_counter()  # the first epoch pays the workers' start
+        # The epoch's start, as the tuner compares its time with loading in process: its
+        # sampler's draw included, as SingleProcessIterator's, and the first one's workers.
+        self._drawing = time.perf_counter()
         self._config, self._memory, self._epochs = config, memory, epochs
         if config.warn_workers:
             workers_warning(config.num_workers, config.worker_mode)
@@ -67,13 +69,13 @@ class MultiWorkerIterator:
         # its batches are not split (their columns need not join).
         self._step = getattr(config.dataset, "main_process_step", None)
         self._generation = 0
+        self._rest: SingleProcessIterator | None = None  # the epoch, moved in process
         self._open_pool(epochs.next_number())
-        pool = self._pool
         try:
-            pool.start(1)  # first: it starts up while the sampler draws
+            self._pool.start(1)  # first: it starts up while the sampler draws
             self._begin(epochs.start())  # a worker not started gets its tasks as it starts
             if not self._lazy:
-                pool.start()  # each one busy with its tasks while the next one forks
+                self._pool.start()  # each one busy with its tasks while the next one forks
         except BaseException:  # Ctrl-C, a sampler that raises: no worker outlives iter()
             self._finalizer()
             raise
@@ -82,16 +84,14 @@ class MultiWorkerIterator:
         """Build the pool for ``self._config`` (workers seeded for ``epoch`` from base + id,
         as in torch; an iterable dataset's base is the epoch's: see worker_seed)."""
         config, memory = self._config, self._memory
-        # torch's assignment where the user's code could see it, else stoker's own.
-        free = assigns_freely(config.dataset, config.collate_fn, config.iterable, config.init_fn)
-        self._dispatch = Dispatcher(config, memory, self._epochs.length, free, self._step is None)
+        self._dispatch = Dispatcher(config, memory, self._epochs.length, self._step is None)
         seeds = worker_seeds(config, self._epochs.base_seed(), epoch)
         pool, self._pin_device = make_pool(config, memory, seeds)
         self._pool, self._started = pool, [False] * config.capacity
         self._finalizer = weakref.finalize(self, pool.shutdown)
         pool.limit_start(self._num_workers)
         # Lazy start pays off when the first batch comes sooner than the other forks take.
-        self._lazy = starts_lazily(free, pool.lazy_start, memory.first_batch_s)
+        self._lazy = starts_lazily(self._dispatch.free, pool.lazy_start, memory.first_batch_s)
 
     # -- epochs ------------------------------------------------------------------------
 
@@ -112,6 +112,7 @@ class MultiWorkerIterator:
     def restart(self) -> None:
         """Start the next epoch on the same (persistent) workers; the results of an
         unfinished one are discarded."""
+        self._drawing = time.perf_counter()
         self._pool.new_epoch()
         self._begin(self._epochs.start())
 
@@ -119,9 +120,6 @@ class MultiWorkerIterator:
         """Start ``epoch`` (the loader numbers its tasks and records deliveries for
         state_dict), the tasks of ``replay`` (drawn already) first."""
         self._generation += 1
-        # The epoch's time, as the tuner compares it with loading in process, counts the
-        # sampler's draw, as SingleProcessIterator's does.
-        self._drawing = time.perf_counter()
         self._epoch_state, config = epoch, self._config
         seeds = worker_seeds(config, self._epochs.base_seed(), epoch.number)
         self._window = ReorderWindow(self._num_workers, config.in_order)
@@ -140,22 +138,18 @@ class MultiWorkerIterator:
         self._refill()
 
     def _end(self) -> None:
-        stats = self._stats
-        stats.ended(self._entered)
+        (stats := self._stats).ended(self._entered)
         self._epoch_state.finish()
         # Persistent workers start once: an epoch that started some is no measure of the
         # next ones (fresh workers pay for their start in every epoch).
         started = len(self._pool.started_pids())
         judged = not self._config.persistent or started <= self._started_before
         if self._tuner is not None and judged:
-            began = self._created if self._generation == 1 else self._drawing
             first = functools.partial(load_in_process, self._config, self._dispatch.first_task)
-            self._tuner.epoch_done(stats, stats.last - began, first)
+            self._tuner.epoch_done(stats, stats.last - self._drawing, first)
         self._memory.batch_profile = self._dispatch.profile(stats.bytes, stats.batches)
         if not self._config.persistent:
             self._finalizer()
-
-    # -- dispatch ----------------------------------------------------------------------
 
     def _refill(self) -> None:
         """Fill every worker's prefetch window; one message per worker for all its tasks.
@@ -176,6 +170,8 @@ class MultiWorkerIterator:
         return self._epochs.length()
 
     def __next__(self) -> Any:
+        if self._rest is not None:
+            return next(self._rest)
         raise_pending()  # a Ctrl-C that landed while a batch's memory went home
         self._entered = time.perf_counter()
         if not self._pool.alive:
@@ -196,16 +192,15 @@ class MultiWorkerIterator:
                 if skipped is not None and skipped[2]:
                     continue  # every sample of the batch failed: it is dropped
                 return self._deliver(item)
-            if self._dispatch.fetch_one():
-                continue  # autotune moved loading in process
             if self._window.drained(self._dispatch.done):
                 self._end()
                 raise StopIteration
             self._handle(*wait(self._pool, self._window, self._started, self._config.timeout))
-            # Results that came in the same read are handled now, without a system call,
-            # so the tasks that replace them go out together.
-            while (more := self._pool.buffered()) is not None:
+            # Results of the same read are handled now, so their replacements go out together.
+            while self._rest is None and (more := self._pool.buffered()) is not None:
                 self._handle(*more)
+            if self._rest is not None:  # the tuner moved the epoch in process
+                return next(self._rest)
             self._refill()
 
     def _deliver(self, item: Any) -> Any:
@@ -258,30 +253,36 @@ class MultiWorkerIterator:
         if probe is not None:
             timer = functools.partial(load_in_process, self._config, self._dispatch.first_task)
             decision = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
-            if not self._yielded and self._tuner.next_mode() != self.mode:
-                return self._switch_mode(self._tuner.mode, self._tuner.workers)
+            if self._dispatch.drawn is not None:  # nothing delivered: the epoch may restart
+                if decision == IN_PROCESS_NOW:
+                    return self._switch(None, 0)
+                if self._tuner.next_mode() != self.mode:
+                    return self._switch(self._tuner.mode, self._tuner.workers)
         else:
             decision = self._tuner.step(self._stats, self._pool.started_pids())
         if decision > 0:
             self._add_workers(decision)
-        if decision == IN_PROCESS_NOW:
-            self._dispatch.load_inline(self._config)
         if decision == ADD_PREFETCH:
             self._prefetch += 1
             self._stats.prefetch = self._prefetch
             self._refill()
 
-    def _switch_mode(self, mode: str, workers: int) -> None:
-        """Before the epoch's first delivery the tuner chose ``mode``: ``workers`` of it take
-        the epoch over from its first task (the old pool's batches are dropped; its threads
-        finish the batch they load, as daemons, and stop)."""
+    def _switch(self, mode: str | None, workers: int) -> None:
+        """Before the epoch's first delivery the tuner chose ``workers`` of ``mode`` (None:
+        the main process): there the epoch starts again from its first task. The old pool
+        stops at once (its threads after the sample they load); its batches are dropped."""
+        self._pool.shutdown(grace_s=0.0)
         self._finalizer()
-        drawn, self._num_workers = self._dispatch.drawn, workers
-        config = dataclasses.replace(self._config, worker_mode=mode, probe=False)
-        self._config = dataclasses.replace(config, num_workers=self._num_workers)
-        self._open_pool(self._epoch_state.number)
+        drawn, epoch = self._dispatch.drawn, self._epoch_state
+        if mode is None:
+            epoch.tasks = itertools.chain(drawn or (), epoch.tasks)
+            self._rest = SingleProcessIterator(self._config, self._memory, self._epochs, epoch)
+            return
+        self._num_workers = workers
+        self._config = replace(self._config, worker_mode=mode, num_workers=workers, probe=False)
+        self._open_pool(epoch.number)
         self._pool.start()
-        self._begin(self._epoch_state, drawn)
+        self._begin(epoch, drawn)
 
     def _add_workers(self, count: int) -> None:
         """Give tasks to ``count`` more of the pool's workers (built already, started now);

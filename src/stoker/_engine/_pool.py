@@ -687,7 +687,7 @@ class ThreadPool:
         guard = self._guard = RngGuard()
         buffers = memory.buffers(thread_buffers(n, config.prefetch))
         self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
-        board = HelpBoard(self._inboxes)
+        board = self._board = HelpBoard(self._inboxes)
         for wid in range(n):
             fetcher = shared if shared is not None else config.make_fetcher()
             args = WorkerArgs(
@@ -811,6 +811,7 @@ class ThreadPool:
         if self._closed:
             return
         self._closed = True
+        self._board.cancel()  # a batch loading now is not wanted: its threads stop sooner
         for inbox in self._inboxes:
             inbox.put(None)
         deadline = time.monotonic() + grace_s

@@ -13,6 +13,7 @@ from stoker._stats import StatsRecorder
 
 if TYPE_CHECKING:
     from stoker._engine._config import EngineConfig, EngineMemory, Epochs
+    from stoker._state import Epoch
 
 
 class SingleProcessIterator:
@@ -31,11 +32,13 @@ class SingleProcessIterator:
     batches write into memory already mapped.
     """
 
-    def __init__(self, config: EngineConfig, memory: EngineMemory, epochs: Epochs) -> None:
+    def __init__(
+        self, config: EngineConfig, memory: EngineMemory, epochs: Epochs, epoch: Epoch | None = None
+    ) -> None:
         self._created = time.perf_counter()  # the sampler's draw counts in the epoch
         self._epochs = epochs
         self._tuner = tuner = config.tuner  # the autotuner that chose to load in process
-        self._epoch = epochs.start()
+        self._epoch = epoch if epoch is not None else epochs.start()  # or one begun with workers
         fetcher = config.make_fetcher()
         self._fetch = fetcher.fetch_skipping
         self._seeded = fetcher.draws

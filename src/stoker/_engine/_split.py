@@ -77,6 +77,18 @@ class Job:
                 if self._done == n:
                     self._cond.notify_all()
 
+    def cancel(self) -> None:
+        """Take no more samples: the pool stops, the batch is not wanted. Its owner raises
+        :class:`Cancelled` once the samples already taken are in."""
+        with self._cond:
+            n = len(self._items)
+            if self._next < n:
+                self._errors[self._next] = Cancelled("the pool stopped")
+                self._done += n - self._next
+                self._next = n
+                if self._done == n:
+                    self._cond.notify_all()
+
     def results(self) -> list[Any]:
         """Every sample in index order, once all are loaded (the owner calls it).
 
@@ -97,6 +109,10 @@ class Job:
         return results
 
 
+class Cancelled(Exception):
+    """A batch given up while it loaded, because its pool stopped (see :meth:`Job.cancel`)."""
+
+
 class HelpBoard:
     """Which thread workers of a pool are idle, and offers of samples to them."""
 
@@ -105,6 +121,13 @@ class HelpBoard:
         self._idle: set[int] = set()
         self._open: list[Job] = []  # jobs with owners working on them
         self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        """Give up the batches being loaded (the pool stops): each thread stops after the
+        sample it loads, instead of loading the rest of a batch nobody will take."""
+        with self._lock:
+            for job in self._open:
+                job.cancel()
 
     def next_message(self, wid: int, inbox: Any) -> Any:
         """Thread ``wid``'s next message, after helping the open jobs."""
