@@ -4,11 +4,12 @@ One :class:`Autotuner` per loader, kept across epochs. The model, from a worker'
 samples (a :class:`~stoker._engine._messages.Probe`, before its batch is done): a fetch of
 ``w`` seconds, ``c`` of them CPU, keeps ``c / w`` of a CPU busy, so for slow batches the
 count goes to ``(CPUs + _CPU_SLACK) / (c / w)``, within capacity, the epoch's batches and
-memory. Then, per window of batches, it adds the workers the consumer's wait predicts (or
-deepens prefetch) until that gains under ``_MIN_GAIN``. ``worker_mode="auto"``
-starts with threads, kept where a fetch mostly waits or threads side by side use more CPU
-than one (the GIL is released); else the next epoch runs processes. An idle epoch may
-bring an in-process trial. Output never depends on this (batch ``k`` is seeded from
+memory; a fast first batch that loads in the main process quicker than a worker hands it
+over moves loading there. Then, per window of batches, it adds the workers the consumer's
+wait predicts (or deepens prefetch) until that gains under ``_MIN_GAIN``.
+``worker_mode="auto"`` starts with threads, kept where a fetch mostly waits or threads side
+by side use more CPU than one (the GIL is released); else processes, from the epoch's start
+if no batch is out. An idle epoch may bring an in-process trial. Output never depends on this (batch ``k`` is seeded from
 (seed, epoch, k)); decisions go to ``statistics().autotune``. Reasons: ``docs/engine.md``.
 """
 
@@ -197,8 +198,9 @@ class Autotuner:
         load_in_process: Callable[[], float | None] | None = None,
     ) -> int:
         """A worker's first samples are timed: go to the count the model predicts (module
-        docstring) and, with ``worker_mode="auto"``, choose the next epoch's mode. Returns
-        the workers to add now; only the first probe decides.
+        docstring), or in process, and, with ``worker_mode="auto"``, choose the mode.
+        Returns the workers to add now, or :data:`IN_PROCESS_NOW`; only the first probe
+        decides.
 
         Args:
             p: the worker's report.
