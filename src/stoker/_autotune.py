@@ -1,16 +1,16 @@
 """``num_workers``, ``prefetch_factor`` and ``worker_mode`` ``"auto"``: pick them by measuring.
 
-One :class:`Autotuner` per loader, kept across epochs. The model, from a worker's first
-samples (a :class:`~stoker._engine._messages.Probe`, before its batch is done): a fetch of
-``w`` seconds, ``c`` of them CPU, keeps ``c / w`` of a CPU busy, so for slow batches the
-count goes to ``(CPUs + _CPU_SLACK) / (c / w)``, within capacity, the epoch's batches and
-memory; a fast first batch that loads in the main process quicker than a worker hands it
-over moves loading there. Then, per window of batches, it adds the workers the consumer's
-wait predicts (or deepens prefetch) until that gains under ``_MIN_GAIN``.
-``worker_mode="auto"`` starts with threads, kept where a fetch mostly waits or threads side
-by side use more CPU than one (the GIL is released); else processes, from the epoch's start
-if no batch is out. An idle epoch may bring an in-process trial. Output never depends on this (batch ``k`` is seeded from
-(seed, epoch, k)); decisions go to ``statistics().autotune``. Reasons: ``docs/engine.md``.
+One :class:`Autotuner` per loader, kept across epochs. From a worker's first samples (a
+:class:`~stoker._engine._messages.Probe`): a fetch of ``w`` seconds, ``c`` of them CPU,
+keeps ``c / w`` of a CPU busy, so slow batches go straight to ``(CPUs + _CPU_SLACK) / (c /
+w)`` workers, within capacity, the epoch's batches and memory; a first batch that loads in
+the main process quicker than a worker hands it over moves loading there. Then, per window
+of batches, workers are added as the consumer's wait predicts until that gains under
+``_MIN_GAIN``. ``worker_mode="auto"`` starts with threads, kept where a fetch mostly waits
+or threads side by side use more CPU than one; else processes (from the epoch's start if
+no batch is out). Idle epochs may bring an in-process trial. Batch ``k`` is seeded from
+(seed, epoch, k), so output never depends on this. Decisions: ``statistics().autotune``;
+reasons: ``docs/engine.md``.
 """
 
 from __future__ import annotations
