@@ -81,6 +81,14 @@ def test_auto_logs_its_decisions(caplog: pytest.LogCaptureFixture) -> None:
     assert logged and all(d in logged[i] for i, d in enumerate(loader.statistics().autotune))
 
 
+@pytest.fixture
+def one_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner starts a dataset that loads whole batches at one worker per CPU: with one
+    CPU that is one worker, which these tests start from."""
+    monkeypatch.setattr(_autotune, "available_cpus", lambda: 1)
+
+
+@pytest.mark.usefixtures("one_cpu")
 def test_auto_keeps_one_worker_when_data_is_ready() -> None:
     """A consumer slower than one worker is not input-bound: no worker is added."""
     loader: DataLoader[Any] = DataLoader(
@@ -170,7 +178,7 @@ def test_auto_loads_in_process_when_workers_cost_more(persistent: bool) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.usefixtures("trial_only")
+@pytest.mark.usefixtures("trial_only", "one_cpu")
 def test_auto_judges_persistent_workers_by_an_epoch_that_did_not_start_them() -> None:
     """Spawned persistent workers take long to start, once: the first epoch, which waited
     for them, does not send the loader in process (the second may: see the test above)."""
@@ -187,6 +195,7 @@ def test_auto_judges_persistent_workers_by_an_epoch_that_did_not_start_them() ->
     assert loader.statistics().num_workers == 1
 
 
+@pytest.mark.usefixtures("one_cpu")
 def test_auto_goes_back_to_workers_when_in_process_is_slower() -> None:
     """The in-process trial is kept only if it was faster: here the workers come back
     (forked: a spawned or forkserver worker's start would cost more than the slow loading)."""
@@ -275,6 +284,7 @@ def test_a_lost_trial_is_tried_again_after_more_and_more_epochs() -> None:
 
 
 @pytest.mark.parametrize("kw", [{"worker_init_fn": print}, {"timeout": 30}], ids=str)
+@pytest.mark.usefixtures("one_cpu")
 def test_auto_stays_with_workers_that_in_process_could_not_replace(kw: dict[str, Any]) -> None:
     """With worker_init_fn (it would not run) or timeout (the main process cannot time itself
     out), auto never loads in process."""
@@ -547,3 +557,28 @@ def test_a_switch_to_processes_before_the_first_batch_takes_the_epoch_over(
         assert [int(b[0][0]) for b in batches] == [0, 16, 32, 48]
         assert all(int(pid) != os.getpid() for b in batches for pid in b[:, 1]), batches
     assert "process workers (at once" in loader.statistics().autotune[0]
+
+
+@pytest.mark.parametrize(
+    ("batched", "workers", "mode"), [(False, 1, "thread"), (True, 2, "process")]
+)
+def test_a_dataset_that_loads_whole_batches_starts_at_one_worker_per_cpu_in_processes(
+    batched: bool, workers: int, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Samples timed one by one: one thread worker first, the probe decides within a few
+    samples. A whole batch at once (``__getitems__``): the probe comes only with the first
+    batch, so the tuner starts where batches that compute need it: a process per CPU."""
+    monkeypatch.setattr(_autotune, "available_cpus", lambda: 2)
+    tuner = _autotune.Autotuner.for_settings("auto", 2, "auto", False, False, batched=batched)
+    assert (tuner.workers, tuner.mode) == (workers, mode)
+    fixed = _autotune.Autotuner.for_settings(3, 2, "thread", False, True, batched=batched)
+    assert (fixed.workers, fixed.mode) == (3, "thread")  # a fixed count and mode stay
+
+
+def test_a_process_probe_moves_a_waiting_fetch_to_threads() -> None:
+    """Started in processes, a fetch that waits goes to threads (no threads are measured
+    side by side in a process, so one that computes stays)."""
+    for cpu, mode in [(0.0001, "thread"), (0.005, "process")]:
+        tuner = _autotune.Autotuner.for_settings("auto", 2, "auto", False, False, batched=True)
+        tuner.probe(_probe(0.005, cpu), 50)
+        assert tuner.next_mode() == mode

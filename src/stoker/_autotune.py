@@ -6,9 +6,9 @@ keeps ``c / w`` of a CPU busy, so slow batches go straight to ``(CPUs + _CPU_SLA
 w)`` workers, within capacity, the epoch's batches and memory; a first batch that loads in
 the main process quicker than a worker hands it over moves loading there. Then, per window
 of batches, workers are added as the consumer's wait predicts until that gains under
-``_MIN_GAIN``. ``worker_mode="auto"`` starts with threads, kept where a fetch mostly waits
-or threads side by side use more CPU than one; else processes (from the epoch's start if
-no batch is out). Idle epochs may bring an in-process trial. Batch ``k`` is seeded from
+``_MIN_GAIN``. ``worker_mode="auto"`` keeps threads where a fetch mostly waits or threads
+side by side use more CPU than one, else processes (switching at the epoch's start if no
+batch is out). Idle epochs may bring an in-process trial. Batch ``k`` is seeded from
 (seed, epoch, k), so output never depends on this. Decisions: ``statistics().autotune``;
 reasons: ``docs/engine.md``.
 """
@@ -140,21 +140,31 @@ class Autotuner:
         worker_mode: str,
         iterable: bool,
         in_process: bool,
+        batched: bool = False,
     ) -> Autotuner:
         """The tuner of a loader with these settings, whose ``num_workers`` and/or
         ``prefetch_factor`` is "auto", or whose fixed count may load in process
-        (``in_process``, see :func:`~stoker._policy.may_load_in_process`)."""
+        (``in_process``, see :func:`~stoker._policy.may_load_in_process`). ``batched``:
+        the dataset loads a batch at once (``__getitems__``), so the first probe comes
+        with a whole batch, not after a few samples."""
         cpus = available_cpus()
         tune_workers = num_workers == "auto"
         tune_prefetch = prefetch_factor == "auto"
         # worker_mode="auto" starts with threads (they start at once, and show whether the
-        # fetch releases the GIL); an iterable dataset's draws are seeded per epoch in a
-        # process, per batch in a thread, so its mode is fixed.
+        # fetch releases the GIL), or, where the probe comes only with a whole batch, with
+        # processes (a switch would drop that batch; a batch that waits is dropped at less
+        # cost than one that computes). An iterable dataset's draws are seeded per epoch in
+        # a process, per batch in a thread, so its mode is fixed.
         tune_mode = worker_mode == "auto" and not iterable
-        mode = "thread" if tune_mode else worker_mode.replace("auto", "process")
+        if tune_mode:
+            mode = "process" if batched else "thread"
+        else:
+            mode = worker_mode.replace("auto", "process")
         if tune_workers:
             capacity = min(_MAX_CAPACITY, max(2, _WORKERS_PER_CPU * cpus))
-            workers = 1
+            # One per CPU where no sample is timed before a whole batch: what the model
+            # predicts for batches that compute; those that wait get more at the probe.
+            workers = min(cpus, capacity) if batched else 1
             if iterable:
                 # An iterable dataset shards itself by worker count: its output would
                 # depend on the count, so the count is fixed from the start.
@@ -274,17 +284,16 @@ class Autotuner:
         return max(1, limits[name]), f"{name} bound it"
 
     def _choose_mode(self, p: Probe, share: float) -> None:
-        """The mode for the next epochs, from a thread worker's probe (module docstring)."""
-        if self.mode != "thread":
-            return
+        """The mode from the first probe (module docstring); a process worker's probe sees
+        no threads side by side, so only a fetch that waits goes to threads."""
         speedup = p.threads * p.rest_cpu / max(p.rest_wall, 1e-9) / max(share, 1e-9)
-        keep, why = threads_suffice(1.0 - share, p.threads, speedup)
-        if keep:
-            self.tune_mode = False
-            self.decide(f"thread workers: {why}")
+        threads, why = threads_suffice(1.0 - share, p.threads, speedup)
+        mode, self.tune_mode = ("thread" if threads else "process"), False
+        if mode == self.mode:
+            self.decide(f"{mode} workers: {why}")
             return
-        self._switch, self.tune_mode = "process", False
-        self.decide(f"process workers (at once if no batch is out yet, else next epoch): {why}")
+        self._switch = mode
+        self.decide(f"{mode} workers (at once if no batch is out yet, else next epoch): {why}")
 
     def decide(self, text: str) -> None:
         """Record and log a decision."""

@@ -560,6 +560,7 @@ class DataLoader(Generic[T_co]):
                     self.worker_mode,
                     self._iterable,
                     in_process,
+                    batched=self._auto_collation and hasattr(self.dataset, "__getitems__"),
                 )
         return self._tuner
 
