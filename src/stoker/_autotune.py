@@ -93,6 +93,7 @@ class Autotuner:
         in_process: whether loading in process (0 workers) may be tried.
         mode: the worker mode to start with.
         tune_mode: whether ``worker_mode`` is ``"auto"``.
+        batched: whether the dataset loads a batch at once (see :meth:`for_settings`).
     """
 
     def __init__(
@@ -106,6 +107,7 @@ class Autotuner:
         in_process: bool = False,
         mode: str = "process",
         tune_mode: bool = False,
+        batched: bool = False,
     ) -> None:
         self.workers = workers
         self.mode = mode
@@ -128,6 +130,7 @@ class Autotuner:
         self._batch_bytes = 0
         self._budget = memory_budget()
         self._in_process = in_process  # still a candidate
+        self._batched, self._looked = batched, False
         self._trial: tuple[int, float] | None = None  # (workers, seconds per batch) before
         self._wait = 0  # epochs with workers before another trial, after a lost one
         self._retry_after = _RETRY_AFTER
@@ -182,6 +185,7 @@ class Autotuner:
             in_process=in_process,
             mode=mode,
             tune_mode=tune_mode,
+            batched=batched,
         )
         if num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
@@ -256,6 +260,19 @@ class Autotuner:
             "than a worker takes to hand it over"
         )
         return True
+
+    @property
+    def first_look(self) -> bool:
+        """Whether the loader should time the first batch in the main process before any
+        worker starts: where that batch loads at once (a ``__getitems__``), so no worker
+        could report on its first samples sooner, and loading in process is allowed."""
+        return self._batched and self.tune_workers and self._in_process and not self._looked
+
+    def looked(self, first_load_s: Callable[[float], float | None]) -> bool:
+        """Time the first batch in process (see :attr:`first_look`); whether it loads so
+        fast that the loader stays in process from the start."""
+        self._looked = True
+        return self._in_process_now(0.0, lambda: first_load_s(_MEASURE_BELOW_S))
 
     def next_mode(self) -> str:
         """The mode of the iterator the loader makes next: a switch the probe chose takes

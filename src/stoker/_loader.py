@@ -607,12 +607,22 @@ class DataLoader(Generic[T_co]):
         from stoker._engine._multi import MultiWorkerIterator
 
         self._check_prefetch_factor()
-        if not self.persistent_workers:
+        epoch = None
+        if tuner is not None and tuner.first_look and self._iterator is None:
+            from stoker._engine._single import SingleProcessIterator
+
             self._draw_iterator_seed()
-            return MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs)
-        if self._iterator is None or not self._iterator.alive:
+            single = SingleProcessIterator(self._engine_config(tuner), self._memory, epochs)
+            if tuner.looked(single.first_load_s):
+                return single  # its first batch loads faster here than a worker hands it over
+            epoch = single.epoch  # the workers take the epoch over
+        elif not self.persistent_workers or self._iterator is None or not self._iterator.alive:
             self._draw_iterator_seed()  # torch draws once for persistent workers
-            self._iterator = MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs)
+        if not self.persistent_workers:
+            return MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs, epoch)
+        if self._iterator is None or not self._iterator.alive:
+            config = self._engine_config(tuner)
+            self._iterator = MultiWorkerIterator(config, self._memory, epochs, epoch)
         else:
             self._iterator.restart()
         return self._iterator

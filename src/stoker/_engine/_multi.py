@@ -54,7 +54,9 @@ class MultiWorkerIterator:
     Made by ``DataLoader.__iter__`` in the thread that iterates, ``__next__`` called from
     one thread at a time; :meth:`restart` starts the next epoch on the same workers."""
 
-    def __init__(self, config: EngineConfig, memory: EngineMemory, epochs: Epochs) -> None:
+    def __init__(
+        self, config: EngineConfig, memory: EngineMemory, epochs: Epochs, epoch: Epoch | None = None
+    ) -> None:
         # The epoch's start, as the tuner compares its time with loading in process: its
         # sampler's draw included, as SingleProcessIterator's, and the first one's workers.
         self._drawing = time.perf_counter()
@@ -73,7 +75,7 @@ class MultiWorkerIterator:
         self._open_pool(epochs.next_number())
         try:
             self._pool.start(1)  # first: it starts up while the sampler draws
-            self._begin(epochs.start())  # a worker not started gets its tasks as it starts
+            self._begin(epoch if epoch is not None else epochs.start())
             if not self._lazy:
                 self._pool.start()  # each one busy with its tasks while the next one forks
         except BaseException:  # Ctrl-C, a sampler that raises: no worker outlives iter()
@@ -140,8 +142,7 @@ class MultiWorkerIterator:
     def _end(self) -> None:
         (stats := self._stats).ended(self._entered)
         self._epoch_state.finish()
-        # Persistent workers start once: an epoch that started some is no measure of the
-        # next ones (fresh workers pay for their start in every epoch).
+        # Persistent workers start once: an epoch that started some is no measure of others.
         started = len(self._pool.started_pids())
         judged = not self._config.persistent or started <= self._started_before
         if self._tuner is not None and judged:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,31 @@ class SingleProcessIterator:
         if tuner is not None:
             self._stats.decisions = tuner.decisions
         memory.stats = self._stats
+
+    @property
+    def epoch(self) -> Epoch:
+        """The epoch this iterator began (a worker-backed iterator may take it over)."""
+        return self._epoch
+
+    def first_load_s(self, below_s: float) -> float | None:
+        """Seconds this process takes to load the epoch's first batch (median of three),
+        where nothing is drawn and one of its samples says the whole takes under
+        ``below_s``; else None. The batch stays the epoch's first, loaded when its turn
+        comes."""
+        epoch = self._epoch
+        first = next(epoch.tasks, None)
+        if first is None or self._seeded or not hasattr(first[1], "__len__"):
+            epoch.tasks = itertools.chain([first] if first else [], epoch.tasks)
+            return None
+        epoch.tasks = itertools.chain([first], epoch.tasks)
+        task, times = first[1], []
+        for part in (task[:1], task, task, task):
+            start = time.perf_counter()
+            self._fetch(part, self._alloc)
+            times.append(time.perf_counter() - start)
+            if len(times) == 1 and times[0] * len(task) >= below_s:
+                return None
+        return sorted(times[1:])[1]
 
     def __iter__(self) -> SingleProcessIterator:
         return self
