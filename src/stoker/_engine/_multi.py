@@ -72,7 +72,7 @@ class MultiWorkerIterator:
         self._step = getattr(config.dataset, "main_process_step", None)
         self._generation = 0
         self._rest: SingleProcessIterator | None = None  # the epoch, moved in process
-        self._open_pool(epochs.next_number())
+        self._open_pool(epochs.next_number() if epoch is None else epoch.number)
         try:
             self._pool.start(1)  # first: it starts up while the sampler draws
             self._begin(epoch if epoch is not None else epochs.start())
