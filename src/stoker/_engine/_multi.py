@@ -95,8 +95,6 @@ class MultiWorkerIterator:
         # Lazy start pays off when the first batch comes sooner than the other forks take.
         self._lazy = starts_lazily(self._dispatch.free, pool.lazy_start, memory.first_batch_s)
 
-    # -- epochs ------------------------------------------------------------------------
-
     @property
     def alive(self) -> bool:
         """Whether the workers can still serve epochs (persistent workers are reused)."""
@@ -270,8 +268,9 @@ class MultiWorkerIterator:
 
     def _switch(self, mode: str | None, workers: int) -> None:
         """Before the epoch's first delivery the tuner chose ``workers`` of ``mode`` (None:
-        the main process): there the epoch starts again from its first task. The old pool
-        stops at once (its threads after the sample they load); its batches are dropped."""
+        the main process): the epoch starts there again; the old pool's batches are dropped."""
+        if mode == "process":  # no fork while threads run: a lock one holds would stay held
+            self._pool.shutdown()  # in the child; each stops after the sample it loads
         self._pool.shutdown(grace_s=0.0)
         self._finalizer()
         drawn, epoch = self._dispatch.drawn, self._epoch_state
