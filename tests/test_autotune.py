@@ -585,3 +585,14 @@ def test_a_process_probe_moves_a_waiting_fetch_to_threads() -> None:
         tuner = _autotune.Autotuner.for_settings("auto", 2, "auto", False, False, batched=True)
         tuner.probe(_probe(0.005, cpu), 50)
         assert tuner.next_mode() == mode
+
+
+def test_a_first_batch_that_raises_while_timed_raises_in_its_turn() -> None:
+    """The first look times the first batch in process; an error there (here an index out
+    of range) is not raised by ``iter()`` but by the ``next`` that loads that batch."""
+    data = TensorDataset(np.arange(32, dtype=np.float32).reshape(16, 2))
+    loader: DataLoader[Any] = DataLoader(data, batch_sampler=[[0, 99], [1, 2]], num_workers="auto")
+    it = iter(loader)
+    with pytest.raises(IndexError):
+        next(it)
+    del it

@@ -73,7 +73,10 @@ class SingleProcessIterator:
         task, times = first[1], []
         for part in (task[:1], task, task, task):
             start = time.perf_counter()
-            self._fetch(part, self._alloc)
+            try:
+                self._fetch(part, self._alloc)
+            except Exception:  # raised in its turn, as the batch loads for the user
+                return None
             times.append(time.perf_counter() - start)
             if len(times) == 1 and times[0] * len(task) >= below_s:
                 return None
