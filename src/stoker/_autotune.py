@@ -234,9 +234,9 @@ class Autotuner:
         if self.tune_mode:
             self._choose_mode(p, share)
         self._predicted = want
-        if not self.tune_workers or p.wall * p.batch_len < _JUMP_BATCH_S:
-            return KEEP
         more = max(0, want - self.workers)
+        if not (self.tune_workers and more) or p.wall * p.batch_len < _JUMP_BATCH_S:
+            return KEEP
         self.decide(
             f"{self.workers + more} workers (+{more}) from the first samples: one takes "
             f"{p.wall * 1e3:.3g} ms, {share:.0%} of it CPU; {why}"

@@ -12,6 +12,11 @@ import math
 import os
 import time
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
 SHM_DIR = "/dev/shm"
 """Where process workers' shared-memory segments live (POSIX shared memory on Linux)."""
 
@@ -143,3 +148,13 @@ def tree_cpu_seconds(pids: list[int]) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return total
+
+
+def thread_blocks() -> int | None:
+    """Times the calling thread has blocked so far (voluntary context switches: I/O, sleep,
+    a lock), or None where the platform does not count them. A span with none in it never
+    waited: any wall time beyond its CPU time was other threads' or programs' turn."""
+    try:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+    except (AttributeError, OSError):
+        return None

@@ -5,7 +5,9 @@ few), so a worker asked to (``WorkerArgs.probe``) times the samples of its first
 an epoch: each one's wall time and CPU time on the thread that loads it. The first sample
 runs alone on its thread; thread workers' idle threads may help with the next ones, and
 how much CPU those take while running side by side tells whether the fetch releases the
-GIL. After :data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a
+GIL. A span in which the thread never blocked counts as all CPU: its wall time beyond
+its CPU time was a wait for a CPU the machine's other programs held, not a wait for data.
+After :data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a
 dataset that loads a batch at once) one :class:`~stoker._engine._messages.Probe` goes out.
 """
 
@@ -17,7 +19,23 @@ from collections.abc import Callable
 from typing import Any
 
 from stoker._engine._messages import Probe
+from stoker._osprobe import thread_blocks
 from stoker._policy import PROBE_SAMPLES
+
+_Mark = tuple[float, float, int | None]
+
+
+def _mark() -> _Mark:
+    return time.perf_counter(), time.thread_time(), thread_blocks()
+
+
+def _spent(since: _Mark) -> tuple[float, float]:
+    """Wall and CPU seconds of this thread since ``since`` (CPU = wall if it never blocked)."""
+    wall, cpu = time.perf_counter() - since[0], time.thread_time() - since[1]
+    blocks = thread_blocks()
+    if since[2] is not None and blocks == since[2]:
+        cpu = wall
+    return wall, cpu
 
 
 class SampleTimer:
@@ -34,7 +52,7 @@ class SampleTimer:
         self._count = 0
         self._nbytes = 0
         self._sent = False
-        self._cpu0 = time.thread_time()
+        self._start = _mark()
 
     def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """``fn`` (a dataset's ``__getitem__``), timed while the probe is open."""
@@ -42,9 +60,9 @@ class SampleTimer:
         def timed(i: Any) -> Any:
             if self._sent:
                 return fn(i)
-            wall0, cpu0 = time.perf_counter(), time.thread_time()
+            since = _mark()
             out = fn(i)
-            self._add(time.perf_counter() - wall0, time.thread_time() - cpu0, out)
+            self._add(*_spent(since), out)
             return out
 
         return timed
@@ -54,15 +72,14 @@ class SampleTimer:
         timed = self.wrap(fn)
         return [timed(i) for i in items]
 
-    def finish(self, started: float) -> None:
+    def finish(self) -> None:
         """The batch is loaded: send the probe now if its samples could not be timed one
         by one (a dataset's ``__getitems__``), from the whole batch's times."""
         with self._lock:
             if self._sent:
                 return
             self._sent = True
-            wall = time.perf_counter() - started
-            cpu = time.thread_time() - self._cpu0
+            wall, cpu = _spent(self._start)
             n = max(1, self._batch_len)
         self._send(Probe(self._generation, n, wall / n, cpu / n, 0.0, 0.0, 1, self._batch_len, 0))
 

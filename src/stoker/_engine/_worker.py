@@ -682,7 +682,7 @@ def _load(sink: _Sink, task: Task, seed: int | None, first: bool) -> None:
         timer = SampleTimer(sink.send, task.generation, size)
     data, skipped = sink.fetch(task.task, seed, timer)
     if timer is not None:
-        timer.finish(started)
+        timer.finish()
     sink.ship(task, data, skipped, started, first)
 
 
