@@ -1,13 +1,12 @@
 """A worker's timing of its first samples, sent before their batch is done.
 
 The autotuner must size the pool within an epoch's first batch (an epoch may have only a
-few), so a worker asked to (``WorkerArgs.probe``) times the samples of its first batch of
-an epoch: each one's wall time and CPU time on the thread that loads it. The first sample
-runs alone on its thread; thread workers' idle threads may help with the next ones, and
-how much CPU those take while running side by side tells whether the fetch releases the
-GIL. A span in which the thread never blocked counts as all CPU: its wall time beyond
-its CPU time was a wait for a CPU the machine's other programs held, not a wait for data.
-After :data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a
+few), so a worker asked to (``WorkerArgs.probe``) times each sample of its epoch's first
+batch: wall time, and CPU time on its thread. The first runs alone; idle threads of
+thread workers may help with the next ones, and the CPU those use side by side tells
+whether the fetch releases the GIL. A span in which the thread never blocked counts as
+all CPU: its wall time beyond that was a wait for a CPU other programs held, not for
+data. After :data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a
 dataset that loads a batch at once) one :class:`~stoker._engine._messages.Probe` goes out.
 """
 
