@@ -3,6 +3,7 @@ a batch, or any view of it, the user still holds keeps its values; dropped ones 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -87,3 +88,25 @@ class _Noisy(Distinct):
 
     def __getitem__(self, i: int) -> Any:
         return np.full(FLOATS, i, np.float32) + np.float32(np.random.random())
+
+
+@pytest.mark.parametrize(("call_s", "sample_s", "fast"), [(0.001, 0.0, True), (0.0, 0.001, False)])
+def test_the_first_batch_is_timed_whole_and_a_slow_one_cut_short(
+    call_s: float, sample_s: float, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's cost per call is not multiplied by its samples (a 256-sample batch at
+    1 ms a call is fast), and a slow batch is given up after a few of its samples."""
+    ds = stoker.TensorDataset(np.arange(1024, dtype=np.float32))
+    it = iter(stoker.DataLoader(ds, batch_size=256))
+    loaded, fetch = [], it._fetch
+
+    def costly(indices: Any, alloc: Any) -> Any:
+        time.sleep(call_s + sample_s * len(indices))  # the load, which waits
+        loaded.append(len(indices))
+        return fetch(indices, alloc)
+
+    monkeypatch.setattr(it, "_fetch", costly)
+    seconds = it.first_load_s(0.01)
+    assert (seconds is not None) == fast, seconds
+    assert sum(loaded) <= (3 * 256 + 255 if fast else 31), loaded  # 31: 1 + 2 + ... + 16
+    assert len(next(it)[0]) == 256  # the batch is still the epoch's first

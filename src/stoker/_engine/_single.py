@@ -61,26 +61,28 @@ class SingleProcessIterator:
 
     def first_load_s(self, below_s: float) -> float | None:
         """Seconds this process takes to load the epoch's first batch (median of three),
-        where nothing is drawn and one of its samples says the whole takes under
-        ``below_s``; else None. The batch stays the epoch's first, loaded when its turn
-        comes."""
+        where nothing is drawn and it takes under ``below_s``; else None. Parts of it
+        doubling from one sample come first, so finding a slow batch out costs under
+        about ``4 * below_s``. The batch stays the epoch's first, loaded in its turn."""
         epoch = self._epoch
         first = next(epoch.tasks, None)
+        epoch.tasks = itertools.chain([first] if first else [], epoch.tasks)
         if first is None or self._seeded or not hasattr(first[1], "__len__"):
-            epoch.tasks = itertools.chain([first] if first else [], epoch.tasks)
             return None
-        epoch.tasks = itertools.chain([first], epoch.tasks)
-        task, times = first[1], []
-        for part in (task[:1], task, task, task):
+        task, size, times = first[1], 1, []
+        while len(times) < 3:
             start = time.perf_counter()
             try:
-                self._fetch(part, self._alloc)
+                self._fetch(task[:size], self._alloc)
             except Exception:  # raised in its turn, as the batch loads for the user
                 return None
-            times.append(time.perf_counter() - start)
-            if len(times) == 1 and times[0] * len(task) >= below_s:
+            seconds = time.perf_counter() - start
+            if seconds >= below_s:
                 return None
-        return sorted(times[1:])[1]
+            if size >= len(task):
+                times.append(seconds)
+            size *= 2
+        return sorted(times)[1]
 
     def __iter__(self) -> SingleProcessIterator:
         return self
