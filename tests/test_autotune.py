@@ -599,3 +599,26 @@ def test_a_first_batch_that_raises_while_timed_raises_in_its_turn() -> None:
     with pytest.raises(IndexError):
         next(it)
     del it
+
+
+@pytest.mark.usefixtures("trial_only")
+def test_the_warm_memory_of_the_last_epoch_goes_to_the_workers_that_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Forked workers reuse the shared memory the last epoch's wrote (no page to fault
+    again), spread over the workers that start, not over the tuner's whole capacity."""
+    monkeypatch.setattr(_autotune, "available_cpus", lambda: 2)  # 2 workers of capacity 8
+    monkeypatch.setattr(_autotune, "_MIN_EPOCH_BATCHES", 10**9)  # no trial in process
+    data = TensorDataset(np.zeros((64, 4096), np.float32))
+    loader: DataLoader[Any] = DataLoader(
+        data, batch_size=8, num_workers="auto", multiprocessing_context="fork"
+    )
+    assert len(list(loader)) == 8
+    warm = {name for name, _ in loader._memory.warm}
+    assert warm
+    it = iter(loader)
+    next(it)
+    held = [set(w.maps._maps) & warm for w in it._pool.workers]
+    assert len(held) == 8 and not any(held[2:]), held
+    assert held[0] | held[1] == warm and held[0] and held[1], held
+    del it

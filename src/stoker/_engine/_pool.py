@@ -342,13 +342,15 @@ class ProcessPool:
         self._child_ends: list[Any] = []
         self._next_start = 0
         self._start_limit = n  # workers beyond it wait for limit_start (autotune)
+        first = max(1, min(n, config.num_workers))  # the warm memory goes to those that start
         for wid in range(n):
+            mine = warm[wid::first] if wid < first else []
             prefix = _shm.segment_prefix(self._owner, token, wid)
             # fmt: off
             args = WorkerArgs(
                 wid, n, seeds[wid], fetcher, config.init_fn, prefix,
                 keep_free=slots_kept_free(prefetch), steady=steady_slots(prefetch),
-                window=n * prefetch, import_torch=import_torch, warm=warm[wid::n],
+                window=n * prefetch, import_torch=import_torch, warm=mine,
                 hand_off=method == "fork", probe=config.probe,
             )
             # fmt: on
@@ -361,7 +363,7 @@ class ProcessPool:
                 name=f"stoker-worker-{wid}",
             )
             self.workers.append(_ProcWorker(wid, proc, parent, prefix))
-            for name, mm in args.warm:
+            for name, mm in mine:
                 self.workers[-1].maps.adopt(name, mm)
             self._child_ends.append(child)
         self._poller = select.poll()
