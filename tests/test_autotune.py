@@ -605,7 +605,7 @@ def test_a_first_batch_that_raises_while_timed_raises_in_its_turn() -> None:
 def test_the_warm_memory_of_the_last_epoch_goes_to_the_workers_that_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Forked workers reuse the shared memory the last epoch's wrote (no page to fault
+    """Forked workers reuse the shared memory the last epoch's workers wrote (no page to fault
     again), spread over the workers that start, not over the tuner's whole capacity."""
     monkeypatch.setattr(_autotune, "available_cpus", lambda: 2)  # 2 workers of capacity 8
     monkeypatch.setattr(_autotune, "_MIN_EPOCH_BATCHES", 10**9)  # no trial in process

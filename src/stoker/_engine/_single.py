@@ -69,7 +69,7 @@ class SingleProcessIterator:
         epoch.tasks = itertools.chain([first] if first else [], epoch.tasks)
         if first is None or self._seeded or not hasattr(first[1], "__len__"):
             return None
-        task, size, times = first[1], 1, []
+        task, size, times = first[1], 1, list[float]()
         while len(times) < 3:
             start = time.perf_counter()
             try:
