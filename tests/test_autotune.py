@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stoker import _autotune
+from stoker import _autotune, get_worker_info
 from stoker._dataset import IterableDataset, TensorDataset
 from stoker._loader import DataLoader
 
@@ -466,6 +466,27 @@ def test_the_first_samples_set_the_count_before_the_first_batch() -> None:
     stats = loader.statistics()
     assert "from the first samples" in stats.autotune[0], stats.autotune
     assert stats.num_workers == 3, stats.autotune  # one per batch: "3 batches left bound it"
+
+
+class WorkerIds(Waiting):
+    """Samples that wait and say which worker loaded them."""
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(self.sleep_s)
+        info = get_worker_info()
+        return np.int64(-1 if info is None else info.id)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_the_workers_the_probe_adds_take_the_batches_after_the_first(mode: str) -> None:
+    """Until the probe decides, the first worker holds one task, not a prefetch window:
+    the second batch goes to a worker the probe adds, not behind the first batch."""
+    loader: DataLoader[Any] = DataLoader(
+        WorkerIds(n=48, sleep_s=0.005), batch_size=16, num_workers="auto", worker_mode=mode
+    )
+    owners = [set(batch.tolist()) for batch in loader]
+    assert loader.statistics().num_workers == 3, loader.statistics().autotune
+    assert owners[0] == {0} and owners[1] != {0} and owners[2] != {0}, owners
 
 
 def _probe(wall: float, cpu: float, threads: int = 1, share: float = 0.0) -> Any:

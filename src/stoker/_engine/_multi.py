@@ -151,12 +151,13 @@ class MultiWorkerIterator:
             self._finalizer()
 
     def _refill(self) -> None:
-        """Fill every worker's prefetch window; one message per worker for all its tasks.
-        While later workers start lazily, tasks go to started ones: the others take a while."""
-        pool, candidates = self._pool, None
+        """Fill every worker's prefetch window, one message each: the started ones' while
+        others start lazily; one task deep until the tuner's probe (its workers take more)."""
+        pool, candidates, tuner = self._pool, None, self._tuner
         if self._lazy and pool.pending_start:
             candidates = [w for w in range(self._num_workers) if pool.is_started(w)]
-        sends = self._dispatch.refill(self._prefetch, self._yielded > 0, candidates)
+        depth = 1 if self._config.probe and tuner and tuner.wants_probe else self._prefetch
+        sends = self._dispatch.refill(depth, self._yielded > 0, candidates)
         for wid, tasks in sends.items():
             pool.send(wid, tasks)
 
