@@ -151,8 +151,8 @@ class MultiWorkerIterator:
             self._finalizer()
 
     def _refill(self) -> None:
-        """Fill every worker's prefetch window, one message each: the started ones' while
-        others start lazily; one task deep until the tuner's probe (its workers take more)."""
+        """Fill the workers' prefetch windows, one message each: only started workers'
+        while others start lazily, and one task deep until the tuner's probe decides."""
         pool, candidates, tuner = self._pool, None, self._tuner
         if self._lazy and pool.pending_start:
             candidates = [w for w in range(self._num_workers) if pool.is_started(w)]
