@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -487,6 +488,35 @@ def test_the_workers_the_probe_adds_take_the_batches_after_the_first(mode: str) 
     owners = [set(batch.tolist()) for batch in loader]
     assert loader.statistics().num_workers == 3, loader.statistics().autotune
     assert owners[0] == {0} and owners[1] != {0} and owners[2] != {0}, owners
+
+
+class Threads(Waiting):
+    """Samples that wait and note the thread that loaded them."""
+
+    def __init__(self, n: int, sleep_s: float) -> None:
+        super().__init__(n, sleep_s)
+        self.seen: set[int] = set()
+
+    def __getitem__(self, i: int) -> Any:
+        self.seen.add(threading.get_ident())
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_only_the_threads_the_tuner_counts_load_samples_after_the_probe(persistent: bool) -> None:
+    """A pool of threads built for the tuner's capacity: the idle ones beyond its count
+    help with the probe's samples only, or they would fetch side by side with the count
+    it chose (on two CPUs, 8 threads of a GIL-free decode instead of 2)."""
+    ds = Threads(n=32, sleep_s=0.005)  # slow samples: idle threads are offered the rest
+    loader: DataLoader[Any] = DataLoader(
+        ds, batch_size=16, num_workers="auto", worker_mode="thread", persistent_workers=persistent
+    )
+    assert len(list(loader)) == 2
+    stats = loader.statistics()
+    assert stats.num_workers == 2, stats.autotune
+    ds.seen.clear()
+    assert len(list(loader)) == 2
+    assert len(ds.seen) <= 2, f"{len(ds.seen)} threads loaded samples; the tuner counts 2"
 
 
 def _probe(wall: float, cpu: float, threads: int = 1, share: float = 0.0) -> Any:

@@ -689,7 +689,7 @@ class ThreadPool:
         guard = self._guard = RngGuard()
         buffers = memory.buffers(thread_buffers(n, config.prefetch))
         self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(n)]
-        board = self._board = HelpBoard(self._inboxes)
+        board = self._board = HelpBoard(self._inboxes, config.probe)
         for wid in range(n):
             fetcher = shared if shared is not None else config.make_fetcher()
             args = WorkerArgs(
@@ -722,7 +722,9 @@ class ThreadPool:
         """Nothing to do: the threads run from construction."""
 
     def limit_start(self, count: int) -> None:
-        """Nothing to do: idle threads wait for tasks (autotune sends them when it grows)."""
+        """Only the first ``count`` threads get tasks, so only they help with others'
+        batches: the tuner's count is how many fetches run side by side."""
+        self._board.helpers = count
 
     def new_epoch(self) -> None:
         """Let the next epoch's first fetches decide again whether the dataset draws."""

@@ -3,13 +3,13 @@
 Thread workers each fetch whole batches, so while one thread loads a slow batch (I/O that
 releases the GIL) sample after sample, idle threads would wait. :class:`HelpBoard` lets
 the loading thread time its first sample and, only when that took at least
-:data:`~stoker._policy.THREAD_SPLIT_MIN_S`, offer the rest (a fast dataset never pays for
-the offer). A thread about to wait for its inbox first helps any open job, then waits
-marked idle (:meth:`HelpBoard.next_message`); the owner puts a
-:class:`~stoker._engine._messages.Help` in idle threads' inboxes and takes samples too
-(:meth:`Job.work`), so it waits only for samples a helper has started. Results come back
-in index order and the first failing sample raises, so the batch is the one a single
-thread would load; a helper answers ``get_worker_info()`` as the owner does.
+:data:`~stoker._policy.THREAD_SPLIT_MIN_S`, offer the rest. A thread about to wait for its
+inbox first helps any open job, then waits marked idle; the owner puts a
+:class:`~stoker._engine._messages.Help` in idle threads' inboxes and takes samples too, so
+it waits only for samples a helper has started. Results come back in index order and the
+first failing sample raises, so the batch is the one a single thread would load; a helper
+answers ``get_worker_info()`` as the owner does. Only the threads given tasks help (an
+autotuned pool holds more), except with the samples the autotuner's probe times.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from stoker._worker_info import get_worker_info, set_worker_info
 class Job:
     """One batch's samples, taken one at a time by its owner and any helpers."""
 
-    def __init__(self, fn: Callable[[Any], Any], items: list[Any], first: Any) -> None:
+    def __init__(
+        self, fn: Callable[[Any], Any], items: list[Any], first: Any, timed: bool = False
+    ) -> None:
+        self.timed = timed  # its samples are timed for the autotuner's probe
         self._info = get_worker_info()  # the owner's
         self._fn = fn
         self._items = items
@@ -114,10 +117,18 @@ class Cancelled(Exception):
 
 
 class HelpBoard:
-    """Which thread workers of a pool are idle, and offers of samples to them."""
+    """Which thread workers of a pool are idle, and offers of samples to them.
 
-    def __init__(self, inboxes: list[Any]) -> None:
+    Args:
+        inboxes: each thread's queue.
+        probing: the autotuner waits for its probe: until one is sent (:attr:`probing`
+            set False), any idle thread helps with timed samples.
+    """
+
+    def __init__(self, inboxes: list[Any], probing: bool = False) -> None:
         self._inboxes = inboxes
+        self.helpers = len(inboxes)  # threads 0 .. helpers - 1 help with any job
+        self.probing = probing
         self._idle: set[int] = set()
         self._open: list[Job] = []  # jobs with owners working on them
         self._lock = threading.Lock()
@@ -133,7 +144,7 @@ class HelpBoard:
         """Thread ``wid``'s next message, after helping the open jobs."""
         while self._open:
             with self._lock:
-                job = next((j for j in self._open if j.left() > 0), None)
+                job = next((j for j in self._open if j.left() > 0 and self._may(wid, j)), None)
             if job is None:
                 break
             job.work()
@@ -144,8 +155,12 @@ class HelpBoard:
             self._idle.discard(wid)
         return msg
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
-        """``[fn(x) for x in items]``, with idle threads helping when ``fn`` is slow."""
+    def _may(self, wid: int, job: Job) -> bool:
+        return wid < self.helpers or (job.timed and self.probing)
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], timed: bool = False) -> list[Any]:
+        """``[fn(x) for x in items]``, with idle threads helping when ``fn`` is slow
+        (``timed``: for the probe, see the class docstring)."""
         items = list(items)
         if not items:
             return []
@@ -153,7 +168,7 @@ class HelpBoard:
         first = fn(items[0])
         if len(items) == 1 or time.perf_counter() - started < THREAD_SPLIT_MIN_S:
             return [first] + [fn(x) for x in items[1:]]
-        job = Job(fn, items, first)
+        job = Job(fn, items, first, timed)
         with self._lock:
             self._open.append(job)
         try:
@@ -168,7 +183,7 @@ class HelpBoard:
         if not self._idle:  # read without the lock: a miss only delays the offer a sample
             return
         with self._lock:
-            helpers = list(self._idle)[: job.left() - 1]
+            helpers = [w for w in self._idle if self._may(w, job)][: job.left() - 1]
             self._idle.difference_update(helpers)
         for wid in helpers:
             self._inboxes[wid].put(Help(job))

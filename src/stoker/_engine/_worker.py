@@ -42,6 +42,7 @@ from stoker._engine._messages import (
     Inited,
     Loaded,
     LoadedGroup,
+    Probe,
     Ready,
     Shipped,
     StartFailed,
@@ -591,6 +592,8 @@ class _QueueSink(_Sink):
             )
 
     def send(self, msg: Any) -> None:
+        if type(msg) is Probe:  # the tuner decides from the first: later ones take no helpers
+            self.board.probing = False
         self.outbox.put((self.args.worker_id, msg))
 
     def next_task(self) -> Task | None:
@@ -615,7 +618,7 @@ class _QueueSink(_Sink):
         if timer is not None and isinstance(self.fetcher, MapFetcher):
             board_map = self.board.map
             split = functools.partial(
-                self.split, map_fn=lambda fn, items: board_map(timer.wrap(fn), items)
+                self.split, map_fn=lambda fn, items: board_map(timer.wrap(fn), items, True)
             )
         if seed is not None:
             data, skipped = self.guard.fetch(split, indices, seed, self.whole)
