@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import select
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 
 from stoker._engine._messages import Probe
 from stoker._engine._probe import SampleTimer
+from stoker._policy import GIL_FREE_SPEEDUP, PROBE_SAMPLES
 
 
 def _probe_of(fn: Any, batch_len: int = 1) -> Probe:
@@ -69,3 +72,32 @@ def test_a_fetch_that_only_lost_its_cpu_to_another_program_counts_as_all_cpu() -
         hog.stdout.close()
     assert raw[1] < 0.8 * raw[0], f"no contention seen: {raw}"  # the premise
     assert p.cpu == p.wall >= raw[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_threads_side_by_side_on_one_cpu_count_the_cpu_they_got() -> None:
+    """Seven threads hashing (the GIL released) on one CPU never block, each preempted by
+    the others: together they use one CPU, not seven, so the GIL-free speed-up they show
+    must be about 1x (up to 7x when a span that never blocked counted as all CPU)."""
+    cpu = min(os.sched_getaffinity(0))
+    blob = bytes(32 << 20)  # 20-30 ms a hash: far longer than a time slice
+    sent: list[Probe] = []
+    timer = SampleTimer(sent.append, 1, PROBE_SAMPLES)
+    timed = timer.wrap(lambda i: hashlib.sha256(blob).digest())
+    timed(0)  # the first sample, alone
+    start = threading.Barrier(PROBE_SAMPLES - 1, timeout=30)
+
+    def helper(i: int) -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        start.wait()
+        timed(i)
+
+    threads = [threading.Thread(target=helper, args=(i,)) for i in range(1, PROBE_SAMPLES)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and len(sent) == 1
+    p = sent[0]
+    assert p.threads == PROBE_SAMPLES - 1
+    assert p.threads * p.rest_cpu / p.rest_wall < GIL_FREE_SPEEDUP, p

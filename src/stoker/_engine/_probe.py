@@ -4,10 +4,11 @@ The autotuner must size the pool within an epoch's first batch (an epoch may hav
 few), so a worker asked to (``WorkerArgs.probe``) times each sample of its epoch's first
 batch: wall time, and CPU time on its thread. The first runs alone; idle threads of
 thread workers may help with the next ones, and the CPU those use side by side tells
-whether the fetch releases the GIL. A span in which the thread never blocked counts as
-all CPU: its wall time beyond that was a wait for a CPU other programs held, not for
-data. After :data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a
-dataset that loads a batch at once) one :class:`~stoker._engine._messages.Probe` goes out.
+whether the fetch releases the GIL: the CPU they got counts, as threads that preempt
+each other gain nothing. The first sample needs all of its wall time as CPU if its thread
+never blocked: the rest was a wait for a CPU other programs held, not for data. After
+:data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a dataset that
+loads a batch at once) one :class:`~stoker._engine._messages.Probe` goes out.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ def _mark() -> _Mark:
     return time.perf_counter(), time.thread_time(), thread_blocks()
 
 
-def _spent(since: _Mark) -> tuple[float, float]:
-    """Wall and CPU seconds of this thread since ``since`` (CPU = wall if it never blocked)."""
-    wall, cpu = time.perf_counter() - since[0], time.thread_time() - since[1]
+def _spent(since: _Mark) -> tuple[float, float, float]:
+    """Wall and CPU seconds of this thread since ``since``: the CPU it needed (all of the
+    wall time if it never blocked), and the CPU it got."""
+    wall, got = time.perf_counter() - since[0], time.thread_time() - since[1]
     blocks = thread_blocks()
-    if since[2] is not None and blocks == since[2]:
-        cpu = wall
-    return wall, cpu
+    needed = wall if since[2] is not None and blocks == since[2] else got
+    return wall, needed, got
 
 
 class SampleTimer:
@@ -78,11 +79,11 @@ class SampleTimer:
             if self._sent:
                 return
             self._sent = True
-            wall, cpu = _spent(self._start)
+            wall, cpu, _ = _spent(self._start)
             n = max(1, self._batch_len)
         self._send(Probe(self._generation, n, wall / n, cpu / n, 0.0, 0.0, 1, self._batch_len, 0))
 
-    def _add(self, wall: float, cpu: float, out: Any) -> None:
+    def _add(self, wall: float, cpu: float, got: float, out: Any) -> None:
         with self._lock:
             if self._sent:
                 return
@@ -92,7 +93,7 @@ class SampleTimer:
                 self._nbytes = leaf_bytes(out)
             else:
                 self._rest[0] += wall
-                self._rest[1] += cpu
+                self._rest[1] += got  # side by side: threads that preempt each other gain no more
                 self._threads.add(threading.get_ident())
             if self._count < min(PROBE_SAMPLES, self._batch_len):
                 return
