@@ -2,7 +2,9 @@
 
 Needs torchvision (kept out of stoker's test suite on purpose); run it where it is installed::
 
-    /work/tvenv/bin/python benchmarks/check_transforms_vs_torchvision.py
+    PYTHON benchmarks/check_transforms_vs_torchvision.py
+
+(``PYTHON``: an interpreter with torchvision and stoker's dependencies.)
 
 Every case feeds the same PIL image to both libraries, converts both outputs with their own
 ToTensor, and reports the largest absolute difference in [0, 1] units. Random transforms

@@ -25,7 +25,7 @@ BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
 _SKELETON = """# stoker benchmarks
 
 Ratios measured side by side in one run against `torch.utils.data` on the same machine
-(see `/work/shared/design/PERFORMANCE.md` for the workloads and goals). Run them all with
+(see [docs/performance.md](docs/performance.md) for the workloads and goals). Run them all with
 `python benchmarks/run_all.py`; regenerate the tables below with
 `python benchmarks/report.py`. Prose outside the markers is kept.
 

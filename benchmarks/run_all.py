@@ -1,7 +1,7 @@
 """Run every benchmark program, each in its own process, then regenerate BENCHMARKS.md.
 
     python benchmarks/run_all.py [--quick] [--only w1_sleep,w3_tiny] [--list]
-                                 [--torchvision-python /work/tvenv/bin/python] [--no-report]
+                                 [--torchvision-python PYTHON] [--no-report]
 
 Each program (see ``PROGRAMS``) runs as a subprocess with its own arguments, ``--quick``
 passed through, its table printed as it goes. W4's image benchmark compares against

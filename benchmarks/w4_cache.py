@@ -6,7 +6,7 @@ torchvision's ImageFolder + torch's DataLoader, stoker uncached, and stoker with
 fills it, so the timed epochs are the second epoch on). Before timing, one epoch of the
 uncached and of the (filled) cached stoker with the same seed are compared batch by batch::
 
-    PYTHONPATH=src /work/tvenv/bin/python benchmarks/w4_cache.py [--images 512] [--quick]
+    PYTHONPATH=src PYTHON benchmarks/w4_cache.py [--images 512] [--quick]
 
 It prints images/s, the ratios over torch (``ratio``) and cached over uncached stoker.
 """

@@ -1,7 +1,7 @@
 """W4 from storage formats: the W4 image pipeline read from LMDB and from tar shards versus
 from the JPEG folder, all with stoker's DataLoader, side by side (see ``harness.py``)::
 
-    /work/devenv/bin/python benchmarks/w4_formats.py [--workers 2] [--images 512] [--quick]
+    python benchmarks/w4_formats.py [--workers 2] [--images 512] [--quick]
 
 The folder is W4's (``w4_images.make_folder``: 500 x 375 JPEGs, about 80 KB); it is packed
 once with ``stoker.formats.pack`` into an LMDB file and a folder of shards beside it. Every

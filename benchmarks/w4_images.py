@@ -4,7 +4,7 @@ torchvision's ImageFolder and transforms with torch's DataLoader against stoker.
 stoker's DataLoader, in one process, alternating (see ``harness.py``). Run it where both
 torch and torchvision are installed (they need not be in stoker's dev env)::
 
-    /work/tvenv/bin/python benchmarks/w4_images.py [--workers 0 2] [--images 512] [--quick]
+    PYTHON benchmarks/w4_images.py [--workers 0 2] [--images 512] [--quick]
 
 The images (500 x 375, about 80 KB, JPEG quality 90, smooth content plus grain so they
 compress like photos) are written once under ``--data`` (default: a temp folder). One

@@ -1,4 +1,4 @@
-"""One test per worker fault row of RELIABILITY.md, each under fork and spawn.
+"""One test per worker fault row of docs/reliability.md, each under fork and spawn.
 
 Workers here are real processes. A "stuck" worker sleeps in its dataset; nothing in the
 tests sleeps to synchronise. Bounds are checked with wall-clock measurements.

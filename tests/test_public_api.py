@@ -1,4 +1,5 @@
-"""The public surface: names of API.md, sorted __all__, public module path, light import."""
+"""The public surface: the names of docs/contract.md, sorted __all__, public module path,
+light import."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ API_NAMES = {
 
 
 def test_all_is_sorted_and_complete() -> None:
-    """__all__ is sorted, names every name of API.md, and every entry exists."""
+    """__all__ is sorted, names every name of docs/contract.md, and every entry exists."""
     assert stoker.__all__ == sorted(stoker.__all__)
     assert set(stoker.__all__) >= API_NAMES
     for name in stoker.__all__:

@@ -56,7 +56,7 @@ class Stream(T.IterableDataset[int]):
 
 
 def test_names_are_torch_and_stoker_classes() -> None:
-    """Every API.md name is in stoker.torch; each class subclasses torch's namesake and
+    """Every docs/contract.md name is in stoker.torch; each class subclasses torch's namesake and
     stoker's, and says it lives in stoker.torch; stoker's extras are there too."""
     assert S.__all__ == sorted(S.__all__)
     assert set(S.__all__) >= {*API_CLASSES, *API_FUNCTIONS, *EXTRAS}

@@ -2,8 +2,8 @@
 
 A fast data loader with torch.utils.data's names. This is the NumPy-native front door
 (``from stoker import DataLoader``, no torch needed: batches are NumPy arrays unless the
-samples hold tensors); :mod:`stoker.torch` is the PyTorch drop-in. The contract is API.md;
-the map of modules is ``src/stoker/README.md``.
+samples hold tensors); :mod:`stoker.torch` is the PyTorch drop-in. The contract is
+``docs/contract.md``; the map of modules is ``src/stoker/README.md``.
 """
 
 from __future__ import annotations

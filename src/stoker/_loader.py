@@ -337,7 +337,7 @@ class DataLoader(Generic[T_co]):
         return arrays if arrays is not None else iter(self._index_sampler)
 
     def _seed(self) -> int:
-        """The loader's base seed, drawn once from ``generator`` (see API.md).
+        """The loader's base seed, drawn once from ``generator`` (``docs/contract.md``).
 
         On a torch stream (a ``torch.Generator``, or None with torch imported) it is the
         draw that torch's first iterator makes (see :meth:`_draw_iterator_seed`); asked

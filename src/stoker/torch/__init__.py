@@ -1,7 +1,7 @@
 """stoker.torch: the PyTorch drop-in, ``from stoker.torch import DataLoader``.
 
-The names of API.md with torch's semantics end to end, on stoker's engine: every class is
-a subclass of torch's class of the same name *and* of stoker's (``isinstance(loader,
+The names of ``docs/contract.md`` with torch's semantics end to end, on stoker's engine:
+every class is a subclass of torch's class of the same name *and* of stoker's (``isinstance(loader,
 torch.utils.data.DataLoader)`` holds, so frameworks such as Lightning recognise and rebuild
 the loaders), and the default collate converts exactly as torch's ``default_collate`` does
 (NumPy arrays and numbers become tensors). stoker's extras are keyword-only arguments of
