@@ -98,6 +98,13 @@ class CacheStatistics:
         corrupt: entries whose checksum failed on disk, recomputed and never served.
         decision: "measuring", "caching", "preloaded" or "off", with the measured produce
             and read-back times per sample when known.
+
+    >>> data = cached(TensorDataset(np.arange(6.0)), budget=1 << 20)
+    >>> _ = [data[i] for i in range(6)]
+    >>> stats = data.statistics()
+    >>> stats.where, stats.length
+    ('memory', 6)
+    >>> data.close()
     """
 
     where: str
@@ -495,6 +502,11 @@ class CachedDataset:
     Made by :func:`cached`; see the module docstring for how it stores, which samples it
     keeps and when it turns itself off. Pickles (to spawned workers) as the name of its
     store, which workers attach to; forked workers and threads use the same mapping.
+
+    >>> data = cached(TensorDataset(np.arange(6.0)), budget=1 << 20)
+    >>> isinstance(data, CachedDataset), len(data), float(data[2][0])
+    (True, 6, 2.0)
+    >>> data.close()
     """
 
     def __init__(
@@ -683,6 +695,11 @@ def cached(
     Raises:
         TypeError: for a dataset without ``__getitem__`` and ``__len__``.
         ValueError: for a budget that is not a positive int or too small for the table.
+
+    >>> data = cached(TensorDataset(np.arange(6.0)), budget=1 << 20, preload=True)
+    >>> float(data[5][0]), data.statistics().entries
+    (5.0, 6)
+    >>> data.close()
     """
     return CachedDataset(dataset, budget, where, preload=preload, always=always)
 

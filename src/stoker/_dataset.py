@@ -51,6 +51,14 @@ class Dataset(Generic[T_co]):
     Subclasses usually define ``__len__`` too (samplers need it), and may define
     ``__getitems__(indices)`` returning the list of samples of a whole batch, which the
     loader then calls once per batch. ``a + b`` concatenates two datasets.
+
+    >>> class Squares(Dataset):
+    ...     def __len__(self):
+    ...         return 4
+    ...     def __getitem__(self, i):
+    ...         return i * i
+    >>> [Squares()[i] for i in range(4)], len(Squares() + Squares())
+    ([0, 1, 4, 9], 8)
     """
 
     _stoker_index_array: ClassVar[bool] = False
@@ -80,6 +88,12 @@ class IterableDataset(Dataset[T_co], Iterable[T_co], Generic[T_co]):
 
     With worker processes each worker iterates its own copy, so a dataset that must not
     repeat samples shards itself using ``get_worker_info()``. ``a + b`` chains two streams.
+
+    >>> class Count(IterableDataset):
+    ...     def __iter__(self):
+    ...         return iter(range(3))
+    >>> list(Count() + Count())
+    [0, 1, 2, 0, 1, 2]
     """
 
     def __add__(self, other: Iterable[T_co]) -> ChainDataset:  # type: ignore[override]
@@ -183,6 +197,11 @@ class StackDataset(Dataset[Any]):
 
     Raises:
         ValueError: both or neither of ``args`` and ``kwargs`` given, or lengths differ.
+
+    >>> StackDataset([1, 2], ["a", "b"])[1]
+    (2, 'b')
+    >>> StackDataset(x=[1, 2], y=["a", "b"])[0]
+    {'x': 1, 'y': 'a'}
     """
 
     _stoker_index_array: ClassVar[bool] = True
@@ -245,6 +264,10 @@ class ConcatDataset(Dataset[T_co]):
             ``ValueError``).
         ArgumentTypeError: a member is an iterable-style dataset (use ``ChainDataset``;
             an ``AssertionError``, as in torch, and a ``TypeError``).
+
+    >>> both = ConcatDataset([[0, 1, 2], [10, 11]])
+    >>> len(both), both[3]
+    (5, 10)
     """
 
     _stoker_index_array: ClassVar[bool] = True
@@ -378,6 +401,12 @@ class ChainDataset(IterableDataset[Any]):
         ArgumentTypeError: a member is not an iterable-style dataset, when it is reached
             by ``__iter__`` or ``len()``, as torch checks it (an ``AssertionError``, as
             torch raises, and a ``TypeError``).
+
+    >>> class Count(IterableDataset):
+    ...     def __iter__(self):
+    ...         return iter(range(2))
+    >>> list(ChainDataset([Count(), Count()]))
+    [0, 1, 0, 1]
     """
 
     def __init__(self, datasets: Iterable[Any]) -> None:
@@ -411,6 +440,10 @@ class Subset(Dataset[T_co]):
     Args:
         dataset: the whole dataset (stoker's, torch's, or any map-style object).
         indices: the indices into ``dataset`` that make up the subset.
+
+    >>> part = Subset([10, 11, 12, 13], [3, 0])
+    >>> len(part), part[0], part[1]
+    (2, 13, 10)
     """
 
     _stoker_index_array: ClassVar[bool] = True

@@ -81,6 +81,17 @@ class DataLoader(Generic[T_co]):
     Raises:
         ValueError: for contradictory or out-of-range arguments, as torch raises.
         TypeError: for arguments of the wrong kind.
+
+    >>> loader = DataLoader(np.arange(10), batch_size=4)
+    >>> [batch.tolist() for batch in loader]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    >>> shuffled = DataLoader(np.arange(10), batch_size=4, shuffle=True, generator=0)
+    >>> it = iter(shuffled)
+    >>> first = next(it)
+    >>> again = DataLoader(np.arange(10), batch_size=4, shuffle=True, generator=0)
+    >>> again.load_state_dict(shuffled.state_dict())
+    >>> [b.tolist() for b in again] == [b.tolist() for b in it]
+    True
     """
 
     dataset: Any

@@ -40,6 +40,12 @@ class LoaderStatistics:
         prefetch_factor: tasks in flight per worker allowed now (None in process).
         autotune: the autotuner's decisions, oldest first (empty without ``"auto"``).
         cache: what the dataset's cache (:func:`stoker.cached`) did, over all workers.
+
+    >>> loader = DataLoader(np.arange(10), batch_size=4)
+    >>> _ = list(loader)
+    >>> stats = loader.statistics()
+    >>> stats.batches, stats.samples, stats.num_workers
+    (3, 10, 0)
     """
 
     batches: int

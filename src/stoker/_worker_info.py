@@ -20,6 +20,18 @@ class WorkerInfo:
         num_workers: how many workers the loader runs.
         seed: the worker's base seed (the loader's base seed + ``id``).
         dataset: the worker's copy of the dataset (the same object in thread mode).
+
+    >>> class Which(Dataset):
+    ...     def __len__(self):
+    ...         return 4
+    ...     def __getitem__(self, i):
+    ...         info = get_worker_info()
+    ...         return f"worker {info.id} of {info.num_workers}"
+    >>> loader = DataLoader(Which(), batch_size=None, num_workers=2, worker_mode="thread")
+    >>> sorted(set(loader))
+    ['worker 0 of 2', 'worker 1 of 2']
+    >>> get_worker_info() is None  # in the main process
+    True
     """
 
     id: int

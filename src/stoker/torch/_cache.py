@@ -14,12 +14,26 @@ __all__ = ["CacheStatistics", "CachedDataset", "cached"]
 
 
 class CachedDataset(_cache.CachedDataset, torch_data.Dataset[Any]):
-    """stoker's :class:`~stoker.CachedDataset` that is also a ``torch.utils.data.Dataset``."""
+    """stoker's :class:`~stoker.CachedDataset` that is also a ``torch.utils.data.Dataset``.
+
+    >>> import torch, torch.utils.data as td
+    >>> data = cached(TensorDataset(torch.arange(4.0)), budget=1 << 20)
+    >>> isinstance(data, (CachedDataset, td.Dataset)), float(data[3][0])
+    (True, 3.0)
+    >>> data.close()
+    """
 
 
 def cached(
     dataset: Any, budget: int, where: str | os.PathLike[str] = "memory", **options: bool
 ) -> CachedDataset:
     """:func:`stoker.cached` (the same arguments: ``preload``, ``always``), returning a
-    ``torch.utils.data.Dataset``."""
+    ``torch.utils.data.Dataset``.
+
+    >>> import torch, torch.utils.data as td
+    >>> data = cached(TensorDataset(torch.arange(4.0)), budget=1 << 20, preload=True)
+    >>> isinstance(data, td.Dataset), data.statistics().entries
+    (True, 4)
+    >>> data.close()
+    """
     return CachedDataset(dataset, budget, where, **options)

@@ -13,4 +13,13 @@ __all__ = ["ShardedIterable"]
 
 
 class ShardedIterable(_distributed.ShardedIterable[T_co], IterableDataset[T_co]):
-    """This rank's and this worker's share of an iterable dataset, also torch's type."""
+    """This rank's and this worker's share of an iterable dataset, also torch's type.
+
+    >>> import torch.utils.data as td
+    >>> class Count(IterableDataset):
+    ...     def __iter__(self):
+    ...         return iter(range(6))
+    >>> share = ShardedIterable(Count(), num_replicas=2, rank=1)
+    >>> isinstance(share, td.IterableDataset), list(share)
+    (True, [1, 3, 5])
+    """

@@ -33,6 +33,10 @@ def default_collate(batch: Any) -> Any:
 
     Args:
         batch: a sequence of samples of the same structure.
+
+    >>> default_collate([(np.array([1, 2]), 0.5), (np.array([3, 4]), 1.5)])
+    [tensor([[1, 2],
+            [3, 4]]), tensor([0.5000, 1.5000], dtype=torch.float64)]
     """
     return _collate.collate(batch, tensor_type="torch")
 
@@ -43,6 +47,9 @@ def default_convert(data: Any) -> Any:
     Args:
         data: one sample; NumPy arrays (not of strings or objects) and scalars in it become
             tensors, tuples become lists.
+
+    >>> default_convert((np.array([1.0, 2.0]), "a"))
+    [tensor([1., 2.], dtype=torch.float64), 'a']
     """
     return _collate.convert(data, tensor_type="torch")
 
@@ -52,6 +59,13 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
 
     The arguments are the same; ``tensor_type`` defaults to tensors (``"torch"``), as torch's
     ``default_collate`` makes them; ``"numpy"`` gives NumPy batches.
+
+    >>> import torch, torch.utils.data as td
+    >>> loader = DataLoader(TensorDataset(torch.arange(6)), batch_size=4)
+    >>> isinstance(loader, td.DataLoader), [batch.tolist() for (batch,) in loader]
+    (True, [[0, 1, 2, 3], [4, 5]])
+    >>> next(iter(DataLoader(np.arange(6), batch_size=4)))
+    tensor([0, 1, 2, 3])
     """
 
     def __init__(
