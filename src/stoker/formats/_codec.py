@@ -52,6 +52,9 @@ class CorruptRecordError(OSError, ValueError):
 
     An ``OSError`` as a corrupt image file is for Pillow and torchvision, and a
     ``ValueError`` as a malformed value is for ``json`` and ``np.load``: either catches it.
+
+    >>> issubclass(CorruptRecordError, OSError), issubclass(CorruptRecordError, ValueError)
+    (True, True)
     """
 
 

@@ -43,7 +43,11 @@ VERSION = 1
 
 
 class TruncatedShardError(CorruptRecordError):
-    """A shard ends before a member's data does; the message names the file and the key."""
+    """A shard ends before a member's data does; the message names the file and the key.
+
+    >>> issubclass(TruncatedShardError, CorruptRecordError)
+    True
+    """
 
 
 @dataclass

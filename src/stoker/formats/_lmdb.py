@@ -396,6 +396,16 @@ class LMDBDataset(Dataset[Any]):
     Raises:
         FileNotFoundError: when the file is missing.
         ValueError: when it is not a stoker LMDB file.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     path = os.path.join(root, "data.lmdb")
+    ...     with LMDBWriter(path, fields=["txt", "cls"]) as writer:
+    ...         for i in range(3):
+    ...             _ = writer.write((f"sample {i}", i))
+    ...     records = LMDBDataset(path)
+    ...     len(records), records[2]
+    (3, ('sample 2', 2))
     """
 
     def __init__(

@@ -29,7 +29,14 @@ SHARD_NAME = "shard-%06d.tar"
 
 @dataclass(frozen=True)
 class PackSummary:
-    """What :func:`pack` wrote: ``samples``, ``bytes`` on disk, ``seconds``, output ``files``."""
+    """What :func:`pack` wrote: ``samples``, ``bytes`` on disk, ``seconds``, output ``files``.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     summary = pack([(b"x", 0), (b"y", 1)], os.path.join(root, "d.lmdb"), progress=False)
+    >>> summary.format, summary.samples
+    ('lmdb', 2)
+    """
 
     dst: str
     format: str
@@ -198,6 +205,13 @@ def pack(
         ValueError: for an unknown format, bad shard limits, a bad source string, or a
             ``dst`` that is ``src`` or holds it (overwriting it would delete the source).
         FileExistsError: when ``dst`` exists and ``overwrite`` is False.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     out = os.path.join(root, "shards")
+    ...     summary = pack([(b"x", 0), (b"y", 1)], out, "shards", progress=False)
+    ...     sorted(os.listdir(out))
+    ['shard-000000.tar', 'shard-000000.tar.index.json']
     """
     from stoker.formats._tar import check_limits
 
@@ -318,6 +332,19 @@ def inspect(
         samples: how many keys to show.
         storage_options: keyword arguments for the fsspec filesystem of a remote ``path``
             (an endpoint, credentials ...); ignored for a local one.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     path = os.path.join(root, "d.lmdb")
+    ...     _ = pack([(b"x", 0), (b"y", 1)], path, progress=False)
+    ...     print(inspect(path).replace(root, "ROOT"))
+    ROOT/d.lmdb: stoker LMDB file, version 1
+      samples: 2   file size: ...
+      sample shape: tuple of ['0.bin', '1.cls']
+      first keys: 000000000, 000000001
+      field            codec      count    mean size        total
+      0.bin            bytes          2          1 B          2 B
+      1.cls            int            2          1 B          2 B
     """
     if not isinstance(samples, int) or samples < 0:
         raise ValueError(f"samples must be a non-negative integer (keys to show), got {samples!r}.")

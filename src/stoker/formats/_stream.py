@@ -137,6 +137,14 @@ class ShardIterable(IterableDataset[Any]):
 
     Attributes:
         storage_options: the options given.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     with ShardWriter(os.path.join(root, "s-%06d.tar"), maxcount=2) as writer:
+    ...         for i in range(5):
+    ...             _ = writer.write((np.full(2, i), i))
+    ...     sorted(target for _, target in ShardIterable(root, seed=0))
+    [0, 1, 2, 3, 4]
     """
 
     def __init__(

@@ -73,6 +73,14 @@ class ShardWriter:
 
     Attributes:
         shards: the names of the shards finished so far.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     with ShardWriter(os.path.join(root, "s-%06d.tar"), maxcount=2) as writer:
+    ...         for i in range(5):
+    ...             _ = writer.write((np.full(2, i), i))
+    ...     [os.path.basename(shard) for shard in writer.shards]
+    ['s-000000.tar', 's-000001.tar', 's-000002.tar']
     """
 
     def __init__(
@@ -337,6 +345,15 @@ class ShardDataset(Dataset[Any]):
     Attributes:
         urls: the shards. classes: the class names stored by ``stoker pack``.
         storage_options: the options given (a dict).
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     with ShardWriter(os.path.join(root, "s-%06d.tar"), maxcount=2) as writer:
+    ...         for i in range(5):
+    ...             _ = writer.write((np.full(2, i), i))
+    ...     records = ShardDataset(root)
+    ...     len(records), records[3][0].tolist(), records[3][1]
+    (5, [3, 3], 3)
     """
 
     def __init__(

@@ -43,6 +43,15 @@ class CIFAR10:
     Raises:
         RuntimeError: when the files are missing or corrupt and ``download`` is False, or
             when a download fails its checksum.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     CIFAR10(root, train=False)  # download=True would fetch and check the archive
+    Traceback (most recent call last):
+        ...
+    RuntimeError: Dataset not found or corrupted: CIFAR10 expects the official python batch ...
+    >>> CIFAR10.base_folder
+    'cifar-10-batches-py'
     """
 
     base_folder = "cifar-10-batches-py"
@@ -159,7 +168,11 @@ class CIFAR10:
 
 
 class CIFAR100(CIFAR10):
-    """The CIFAR-100 dataset: as :class:`CIFAR10`, with 100 fine classes."""
+    """The CIFAR-100 dataset: as :class:`CIFAR10`, with 100 fine classes.
+
+    >>> issubclass(CIFAR100, CIFAR10), CIFAR100.base_folder, CIFAR100.meta["key"]
+    (True, 'cifar-100-python', 'fine_label_names')
+    """
 
     base_folder = "cifar-100-python"
     url = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"

@@ -69,6 +69,15 @@ def pil_loader(path: str | os.PathLike[str]) -> Image.Image:
         FileNotFoundError: when ``path`` does not exist.
         OSError: when the file is not a readable image (the message names it).
         PIL.Image.DecompressionBombError: when it has more pixels than Pillow allows.
+
+    >>> import os, tempfile
+    >>> from PIL import Image
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     path = os.path.join(root, "grey.png")
+    ...     Image.new("L", (3, 2)).save(path)
+    ...     image = pil_loader(path)
+    >>> image.mode, image.size
+    ('RGB', (3, 2))
     """
     with open(path, "rb") as f:
         try:
@@ -81,7 +90,16 @@ def pil_loader(path: str | os.PathLike[str]) -> Image.Image:
 
 
 def default_loader(path: str | os.PathLike[str]) -> Image.Image:
-    """The loader ImageFolder uses by default: :func:`pil_loader`."""
+    """The loader ImageFolder uses by default: :func:`pil_loader`.
+
+    >>> import os, tempfile
+    >>> from PIL import Image
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     path = os.path.join(root, "clear.png")
+    ...     Image.new("RGBA", (2, 2)).save(path)
+    ...     default_loader(path).mode
+    'RGB'
+    """
     return pil_loader(path)
 
 

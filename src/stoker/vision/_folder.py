@@ -64,6 +64,13 @@ def find_classes(directory: str | os.PathLike[str]) -> tuple[list[str], dict[str
 
     Raises:
         FileNotFoundError: when ``directory`` is missing or holds no subfolder.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     for name in ["dog", "cat"]:
+    ...         os.mkdir(os.path.join(root, name))
+    ...     find_classes(root)
+    (['cat', 'dog'], {'cat': 0, 'dog': 1})
     """
     path = _check_root(directory)
     classes = sorted(entry.name for entry in os.scandir(path) if entry.is_dir())
@@ -88,6 +95,15 @@ def make_dataset(
         ValueError: when ``class_to_idx`` is empty, or both or neither of ``extensions``
             and ``is_valid_file`` are given.
         FileNotFoundError: when a class has no valid file and ``allow_empty`` is False.
+
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     os.mkdir(os.path.join(root, "cat"))
+    ...     for name in ["2.jpg", "1.jpg", "notes.txt"]:
+    ...         open(os.path.join(root, "cat", name), "wb").close()
+    ...     pairs = make_dataset(root, {"cat": 0}, extensions=(".jpg",))
+    ...     [(os.path.relpath(path, root), target) for path, target in pairs]
+    [('cat/1.jpg', 0), ('cat/2.jpg', 0)]
     """
     path = _check_root(directory)
     if class_to_idx is None:
@@ -200,6 +216,16 @@ class DatasetFolder:
 
     Raises:
         FileNotFoundError: for a missing root or an empty class folder.
+
+    >>> import os, tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     for name in ["a/x.txt", "b/y.txt"]:
+    ...         os.makedirs(os.path.join(root, os.path.dirname(name)), exist_ok=True)
+    ...         _ = Path(root, name).write_text(name)
+    ...     texts = DatasetFolder(root, loader=lambda p: Path(p).read_text(), extensions=(".txt",))
+    ...     texts.classes, texts[1]
+    (['a', 'b'], ('b/y.txt', 1))
     """
 
     def __init__(
@@ -467,6 +493,17 @@ class ImageFolder(DatasetFolder):
 
     Attributes:
         imgs: the same as ``samples``.
+
+    >>> import os, tempfile
+    >>> from PIL import Image
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     for name in ["cat/1.png", "cat/2.png", "dog/1.png"]:
+    ...         os.makedirs(os.path.join(root, os.path.dirname(name)), exist_ok=True)
+    ...         Image.new("RGB", (6, 4)).save(os.path.join(root, name))
+    ...     images = ImageFolder(root, transform=transforms.ToTensor())
+    ...     image, target = images[2]
+    >>> images.classes, len(images), image.shape, image.dtype, target
+    (['cat', 'dog'], 3, (3, 4, 6), dtype('float32'), 1)
     """
 
     def __init__(

@@ -14,6 +14,11 @@ works unchanged. Differences that matter:
 
 An ``ImageFolder`` whose transform starts as the fused path expects (``stoker.vision._fused``)
 decodes JPEG files through that path.
+
+>>> pipeline = Compose([CenterCrop(4), ToTensor(), Normalize([0.5] * 3, [0.5] * 3)])
+>>> out = pipeline(np.full((6, 8, 3), 255, dtype=np.uint8))
+>>> out.shape, out.dtype, float(out.min()), float(out.max())
+((3, 4, 4), dtype('float32'), 1.0, 1.0)
 """
 
 from __future__ import annotations
