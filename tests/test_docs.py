@@ -9,10 +9,12 @@ do not count; a docstring's doctest examples are code, not prose, and do not cou
 from __future__ import annotations
 
 import ast
+import doctest
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -26,6 +28,22 @@ DOCSTRING_WORDS_MAX = 150
 # Docstrings still allowed over the limit, as ``file:name``; keep it empty: explain a long
 # design in docs/ and point to it instead.
 DOCSTRINGS_ALLOWED: set[str] = set()
+
+
+PUBLIC_MODULES = ("stoker", "stoker.torch", "stoker.vision", "stoker.formats")
+REFERENCE = ROOT / "docs" / "api"
+# A name the reference documents: an autodoc directive, or a hand-written entry.
+_ENTRY = re.compile(
+    r"^\.\. (?:auto(?:class|function|exception|data|module)|py:(?:class|function|exception"
+    r"|data|module)|module):: ([\w.]+)$",
+    re.M,
+)
+# A mention of a page named like the design pages, with the path written before it.
+_PAGE = re.compile(r"[\w./-]*\b(?:api|architecture|performance|reliability)\.md", re.I)
+# A path of one machine's file system.
+_MACHINE_PATH = re.compile(r"(?<![\w.:/~-])/(?:work|root|home|Users|tmp|mnt)/")
+# Scratch folders that a command or doctest creates under /tmp: valid on any machine.
+SCRATCH_PATHS = ("--data /tmp/stoker_w4", "file:///tmp/x", "'/tmp/x'")
 
 
 def _words(text: str) -> int:
@@ -162,3 +180,128 @@ def test_docstrings_are_short() -> None:
     assert over == {}, over
     stale = sorted(DOCSTRINGS_ALLOWED - set(found))
     assert stale == [], f"now short, remove from DOCSTRINGS_ALLOWED: {stale}"
+
+
+def _public_names(module: str) -> list[str]:
+    """The ``__all__`` of a public package, read from its source (nothing is imported)."""
+    path = SRC.parent.joinpath(*module.split("."), "__init__.py")
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            return [str(name) for name in ast.literal_eval(node.value)]
+    raise AssertionError(f"{path} has no __all__")
+
+
+def _reference_text() -> str:
+    pages = sorted(REFERENCE.glob("*.rst"))
+    assert pages, f"no reference pages in {REFERENCE}"
+    return "\n".join(page.read_text(encoding="utf-8") for page in pages)
+
+
+def test_the_reference_documents_every_public_name() -> None:
+    """docs/api has an entry for each public package and each name of its ``__all__``."""
+    documented = set(_ENTRY.findall(_reference_text()))
+    wanted = [*PUBLIC_MODULES, *(f"{m}.{n}" for m in PUBLIC_MODULES for n in _public_names(m))]
+    missing = [name for name in wanted if name not in documented]
+    assert missing == [], f"add an entry to docs/api/*.rst for each of {missing}"
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES)
+def test_every_public_name_has_an_example(module: str) -> None:
+    """Each public class, function and module has a ``>>>`` example in its docstring (so
+    the doctests run it); a constant has one in its entry of the reference."""
+    mod = pytest.importorskip(module)
+    reference = _reference_text()
+    missing = []
+    for name in mod.__all__:
+        obj = getattr(mod, name)
+        if isinstance(obj, (type, ModuleType)) or callable(obj):
+            text = obj.__doc__ or ""
+        else:
+            entry = re.search(
+                rf"^\.\. py:data:: {re.escape(module)}\.{name}$(.*?)(?=^\.\. |\Z)",
+                reference,
+                re.M | re.S,
+            )
+            text = entry.group(1) if entry else ""
+        if ">>>" not in text:
+            missing.append(name)
+    assert missing == [], f"{module}: no example for {missing}"
+
+
+def test_the_reference_pages_examples_run() -> None:
+    """The examples written in docs/api's pages themselves pass as doctests."""
+    pytest.importorskip("PIL")
+    for page in sorted(REFERENCE.glob("*.rst")):
+        result = doctest.testfile(
+            str(page), module_relative=False, optionflags=doctest.ELLIPSIS, verbose=False
+        )
+        assert result.failed == 0, f"{page.name}: {result.failed} examples failed (see stdout)"
+
+
+def test_ci_builds_the_reference_with_warnings_as_errors() -> None:
+    """`.ci/run` builds docs/api with Sphinx, a warning failing the build."""
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    build = re.search(r"^.*-m sphinx .*$", ci, flags=re.M)
+    assert build is not None, "`.ci/run` does not build the API reference"
+    assert " -W " in build.group(0) and "docs/api" in build.group(0), build.group(0)
+
+
+def _repository_files() -> list[Path]:
+    """The repository's text files: git's list (tracked, and new files not ignored) where
+    this is a checkout, else every file outside build and cache folders."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        paths = [ROOT / line for line in out.splitlines() if line]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", "build", "dist", "__pycache__", ".mypy_cache", ".ruff_cache"}
+        paths = [p for p in ROOT.rglob("*") if not skip & set(p.relative_to(ROOT).parts)]
+    files = [p for p in paths if p.is_file()]
+    return [p for p in files if b"\0" not in p.read_bytes()[:8192]]
+
+
+def test_pages_outside_the_repository_are_never_cited() -> None:
+    """Every mention of an ``api``, ``architecture``, ``performance`` or ``reliability``
+    page is a relative path to a file in the repository (from the file, or from the root)."""
+    bad = []
+    for path in _repository_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for match in _PAGE.finditer(text):
+            target = match.group(0)
+            here = (path.parent / target).is_file() or (ROOT / target).is_file()
+            if target.startswith("/") or not here:
+                bad.append(f"{path.relative_to(ROOT)}: {target}")
+    assert bad == [], f"cite pages by a relative path to a file in the repository: {bad}"
+
+
+def test_no_path_of_one_machine() -> None:
+    """No file names a place on one machine's disk (a home, a work folder); a scratch
+    folder under /tmp that a command makes for itself is allowed by name."""
+    bad = []
+    for path in _repository_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for allowed in SCRATCH_PATHS:
+            text = text.replace(allowed, "")
+        for number, line in enumerate(text.splitlines(), 1):
+            if _MACHINE_PATH.search(line):
+                bad.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert bad == [], bad
+
+
+def test_markdown_links_reach_files_in_the_repository() -> None:
+    """Every relative link of a Markdown page leads to a file or folder that exists."""
+    bad = []
+    for page in _repository_files():
+        if page.suffix != ".md":
+            continue
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if "://" in target or target.startswith(("#", "mailto:")):
+                continue
+            where = target.split("#", 1)[0]
+            if where.startswith("/") or not (page.parent / where).exists():
+                bad.append(f"{page.relative_to(ROOT)}: {target}")
+    assert bad == [], bad
