@@ -38,7 +38,7 @@ _ENTRY = re.compile(
     r"|data|module)|module):: ([\w.]+)$",
     re.M,
 )
-# A mention of a page named like the design pages, with the path written before it.
+# A mention of an api, architecture, performance or reliability page, with its path.
 _PAGE = re.compile(r"[\w./-]*\b(?:api|architecture|performance|reliability)\.md", re.I)
 # A path of one machine's file system.
 _MACHINE_PATH = re.compile(r"(?<![\w.:/~-])/(?:work|root|home|Users|tmp|mnt)/")
