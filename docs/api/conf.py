@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-# Document the checkout's own source, wherever stoker is installed from.
+if TYPE_CHECKING:
+    from sphinx.application import Sphinx
+
+# Document the source beside this file (the checkout), whatever else is installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 project = "stoker"
@@ -28,7 +32,7 @@ napoleon_numpy_docstring = False
 default_role = "code"
 
 
-def _plain_bases(app: object, name: str, obj: type, options: object, bases: list[object]) -> None:
+def _plain_bases(app: Sphinx, name: str, obj: type, options: Any, bases: list[Any]) -> None:
     """Name each base of a class by its full public path (``stoker.DataLoader``,
     ``torch.utils.data.dataloader.DataLoader``), without its type parameters: stoker.torch's
     classes have two bases of the same short name."""
@@ -39,5 +43,5 @@ def _plain_bases(app: object, name: str, obj: type, options: object, bases: list
     bases[:] = names
 
 
-def setup(app: object) -> None:
-    app.connect("autodoc-process-bases", _plain_bases)  # type: ignore[attr-defined]
+def setup(app: Sphinx) -> None:
+    app.connect("autodoc-process-bases", _plain_bases)
