@@ -22,6 +22,9 @@ from test_vision_folder import _photo
 
 _native = _fused._native
 needs_native = pytest.mark.skipif(_native is None, reason="stoker's C kernels were not built")
+needs_decode = pytest.mark.skipif(
+    not _decode.decodes_regions(), reason="stoker's C kernels were built without libjpeg-turbo"
+)
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -45,7 +48,7 @@ JPEGS = {
 }
 
 
-@needs_native
+@needs_decode
 @pytest.mark.parametrize("kind", [*JPEGS, "grey"])
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_region_is_the_full_decode_cut_to_it(kind: str, fast: bool) -> None:
@@ -78,7 +81,7 @@ def test_a_region_is_the_full_decode_cut_to_it(kind: str, fast: bool) -> None:
             )
 
 
-@needs_native
+@needs_decode
 def test_region_decodes_of_one_image_size_share_one_buffer() -> None:
     """The decode buffer is sized for the whole image: a larger crop after a smaller one
     reuses it (growing it crop by crop would fault in fresh pages in every fresh worker)."""
@@ -91,7 +94,7 @@ def test_region_decodes_of_one_image_size_share_one_buffer() -> None:
     assert workspace()["decode"] is buffer and np.shares_memory(large, buffer)
 
 
-@needs_native
+@needs_decode
 def test_region_decode_errors_name_the_file_or_the_rectangle() -> None:
     """Truncated and non-JPEG data raise OSError naming the file; a rectangle outside the
     image, or a buffer too small, ValueError saying what was asked."""
@@ -111,7 +114,7 @@ def test_region_decode_errors_name_the_file_or_the_rectangle() -> None:
         _native.decode(data, out, 3, 0, 0, 4, 4, True, True)
 
 
-@needs_native
+@needs_decode
 def test_a_damaged_file_that_ends_cleanly_decodes_as_in_the_fallback() -> None:
     """A file that ends with its end-of-image marker decodes despite libjpeg's warnings, as
     the fallback (simplejpeg, not strict) decodes it; only a file that lacks the marker is

@@ -151,18 +151,20 @@ def _fast_paths(report: Report) -> None:
         report.line(s, "native kernels", f"not available: {why}")
         _off(
             report,
-            "stoker's C kernels (crop-only JPEG decode, one-pass normalise) are off: install "
-            "a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: apt-get install gcc "
-            f"libjpeg-dev; Fedora: dnf install gcc libjpeg-turbo-devel), {_REINSTALL}",
+            "stoker's C kernels (crop-only JPEG decode, resample, one-pass normalise) are "
+            "off: install a C compiler and libjpeg-turbo's headers (Debian/Ubuntu: apt-get "
+            "install gcc libjpeg-dev; Fedora: dnf install gcc libjpeg-turbo-devel), "
+            f"{_REINSTALL}",
         )
     else:
         report.line(s, "native kernels", f"built ({getattr(native, '__file__', _NATIVE)})")
-        number = getattr(native, "LIBJPEG_TURBO_VERSION", None)
-        report.line(s, "libjpeg-turbo", turbo_version(number) if number else "unknown")
+        _native_decode(report, native)
         isa = _instruction_set(native)
         report.line(s, "instruction set", isa or "not reported by this build")
         resample = "stoker's C resampler" if hasattr(native, "resample") else "not in this build"
         report.line(s, "native resampler", resample)
+        normalize = "stoker's C kernel" if hasattr(native, "normalize") else "not in this build"
+        report.line(s, "native normalise", normalize)
     simplejpeg = version("simplejpeg")
     report.line(s, "simplejpeg", simplejpeg or "not installed")
     if simplejpeg is None:
@@ -251,10 +253,31 @@ def _native() -> tuple[Any, str]:
         return importlib.import_module(_NATIVE), ""
     except ModuleNotFoundError as exc:
         if exc.name == _NATIVE:
-            return None, "not built (no C compiler or no libjpeg-turbo headers at install)"
+            return None, "not built (no C compiler at install)"
         return None, f"{type(exc).__name__}: {exc}"
     except ImportError as exc:
         return None, f"{type(exc).__name__}: {exc}"
+
+
+def _native_decode(report: Report, native: Any) -> None:
+    """The extension's crop-only decode: built with libjpeg-turbo (linked in, or the
+    system's), or left out of a build without libjpeg-turbo's headers."""
+    s = "Fast paths"
+    if not hasattr(native, "decode"):
+        report.line(s, "native decode", "not in this build (built without libjpeg-turbo)")
+        report.line(s, "libjpeg-turbo", "not linked")
+        _off(
+            report,
+            "stoker's crop-only JPEG decode is off (its resample and normalise kernels are "
+            "on): install libjpeg-turbo's headers (Debian/Ubuntu: apt-get install "
+            f"libjpeg-dev; Fedora: dnf install libjpeg-turbo-devel), {_REINSTALL}",
+        )
+        return
+    report.line(s, "native decode", "built")
+    number = getattr(native, "LIBJPEG_TURBO_VERSION", None)
+    linkage = {"static": "linked in statically", "shared": "the system's shared libjpeg"}
+    how = linkage.get(getattr(native, "JPEG_LINKAGE", ""), "linkage not reported")
+    report.line(s, "libjpeg-turbo", f"{turbo_version(number) if number else 'unknown'} ({how})")
 
 
 def _pillow_turbo() -> str:

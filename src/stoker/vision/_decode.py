@@ -29,7 +29,7 @@ try:  # optional: a faster libjpeg-turbo binding
     import simplejpeg as _simplejpeg
 except ImportError:  # pragma: no cover - exercised where simplejpeg is missing
     _simplejpeg = None
-try:  # optional: stoker's own extension, built where libjpeg-turbo's headers are (setup.py)
+try:  # optional: stoker's own extension (setup.py); its decode needs libjpeg-turbo
     from stoker.vision import _native
 except ImportError:  # pragma: no cover - exercised where it could not be built
     _native = None  # type: ignore[assignment]
@@ -238,8 +238,9 @@ def decode_scaled(
 
 
 def decodes_regions() -> bool:
-    """Whether :func:`decode_region` is available (stoker's extension was built)."""
-    return _native is not None
+    """Whether :func:`decode_region` is available (stoker's extension was built with
+    libjpeg-turbo: built without it, the extension has no ``decode``)."""
+    return hasattr(_native, "decode")
 
 
 def decode_region(

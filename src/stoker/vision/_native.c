@@ -1,8 +1,13 @@
 /* stoker.vision._native: the fused path's C kernels: decode, resample, normalise.
  *
- * The module is optional: stoker builds it where a C compiler and libjpeg-turbo's headers
- * are present (setup.py), and decodes with simplejpeg or Pillow and normalises with NumPy
- * or torch where it is not, and resamples with torch or Pillow.
+ * The module is optional: stoker builds it where a C compiler is (setup.py), and decodes
+ * with simplejpeg or Pillow and normalises with NumPy or torch where it is not, and
+ * resamples with torch or Pillow. decode alone needs libjpeg-turbo: built with
+ * STOKER_NO_JPEG defined (setup.py does so where libjpeg-turbo's headers are missing), the
+ * module has resample and normalize but no decode and no LIBJPEG_TURBO_VERSION, and
+ * stoker decodes as without the module. STOKER_JPEG_STATIC says that libjpeg-turbo is
+ * linked into this file (a wheel: tools/build_wheel.sh), not loaded from the system;
+ * JPEG_LINKAGE reports which.
  *
  * decode: only a rectangle of a JPEG. A random crop needs a rectangle of the image, and
  * libjpeg-turbo can skip the inverse DCT, upsampling and colour conversion of the rows
@@ -33,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef STOKER_NO_JPEG
 #include <jpeglib.h>
 
 #ifndef LIBJPEG_TURBO_VERSION_NUMBER
@@ -169,6 +175,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     }
     return Py_BuildValue("ii", rows, cols);
 }
+#endif /* STOKER_NO_JPEG */
 
 /* One output row of each plane from one source row, through the per-channel tables of the
  * 256 possible values; `step` is +3 or -3 (a horizontal flip reads the row from its end). */
@@ -809,7 +816,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
+#ifndef STOKER_NO_JPEG
     {"decode", decode, METH_VARARGS, decode_doc},
+#endif
     {"normalize", normalize, METH_VARARGS, normalize_doc},
     {"resample", resample, METH_VARARGS, resample_doc},
     {NULL, NULL, 0, NULL},
@@ -840,9 +849,21 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (have_avx2)
         kernel = "avx2";
 #endif
-    if (m != NULL && (PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION",
-                                              LIBJPEG_TURBO_VERSION_NUMBER) < 0 ||
-                      PyModule_AddStringConstant(m, "RESAMPLE_KERNEL", kernel) < 0)) {
+    if (m == NULL)
+        return NULL;
+#ifndef STOKER_NO_JPEG
+#ifdef STOKER_JPEG_STATIC
+    const char *linkage = "static";
+#else
+    const char *linkage = "shared";
+#endif
+    if (PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER) < 0 ||
+        PyModule_AddStringConstant(m, "JPEG_LINKAGE", linkage) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    if (PyModule_AddStringConstant(m, "RESAMPLE_KERNEL", kernel) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,9 +1,14 @@
-"""Types of stoker's optional C kernels (``_native.c``)."""
+"""Types of stoker's optional C kernels (``_native.c``).
+
+A build without libjpeg-turbo (``STOKER_NO_JPEG``) has no ``decode``,
+``LIBJPEG_TURBO_VERSION`` or ``JPEG_LINKAGE``: test with ``hasattr``.
+"""
 
 from collections.abc import Sequence
 from typing import Any
 
 LIBJPEG_TURBO_VERSION: int
+JPEG_LINKAGE: str  # "static" (linked into the extension: a wheel) or "shared" (the system's)
 RESAMPLE_KERNEL: str
 
 def decode(
