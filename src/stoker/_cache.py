@@ -693,7 +693,13 @@ class CachedDataset:
         store = self._opened()
         h = store.header
         sums = np.frombuffer(store.counters, np.int64).reshape(ROWS, _C_FIELDS).sum(axis=0)
-        decision = _DECISIONS[int(h[_H_DECISION])]
+        decision = _DECISIONS.get(int(h[_H_DECISION]))
+        if decision is None:  # (checked on open: damaged since, by another writer)
+            raise ValueError(
+                f"cache store {store.name!r} is damaged: its header field 'decision' holds "
+                f"{int(h[_H_DECISION])}, not one of {sorted(_DECISIONS)}. Delete the file: "
+                "the next run makes it again."
+            )
         if h[_H_MEASURED]:
             n = int(h[_H_MEASURED])
             decision += (
@@ -716,7 +722,7 @@ class CachedDataset:
         )
 
     def close(self) -> None:
-        """Unmap the store now (and, for the process that made a memory cache, unlink it)."""
+        """Unmap the store now (a memory cache's segment goes when its last mapping does)."""
         if self._store is not None:
             self._store.close()
         self._store = None
