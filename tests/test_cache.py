@@ -500,3 +500,30 @@ def test_a_writer_that_died_mid_entry_leaves_no_served_entry(tmp_path: Path) -> 
     assert all(_same(second[i], Squares(n=4)[i]) for i in range(4))
     assert inner.loads == 2 and second.statistics().corrupt == 1
     assert os.path.exists(path)
+
+
+# -- torch, last: once torch is imported, spawned workers import it too (seconds each)
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
+def test_tensors_are_stored_raw_and_each_load_gets_its_own(tmp_path: Path, where: str) -> None:
+    """CPU tensors (a transposed one too) are stored without pickle, memory or disk, and
+    each load is a tensor of its own: writing into it changes no later load."""
+    torch = pytest.importorskip("torch")
+
+    class Tensors:
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> Any:
+            return torch.arange(6).reshape(2, 3).t() + i, {"y": torch.tensor(i + 0.5)}
+
+    place: Any = "memory" if where == "memory" else tmp_path
+    ds = stoker.cached(Tensors(), 1 << 20, where=place, always=True)
+    for _ in range(2):
+        for i in range(3):
+            x, d = ds[i]
+            assert torch.equal(x, Tensors()[i][0]) and float(d["y"]) == i + 0.5
+            x.add_(100)
+    assert ds.statistics().entries == 3 and ds.statistics().hits >= 3
+    ds.close()

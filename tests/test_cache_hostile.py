@@ -199,6 +199,20 @@ def test_a_budget_past_int64_is_a_value_error_and_leaves_nothing() -> None:
     assert set(os.listdir("/dev/shm")) == before
 
 
+def test_a_spawned_worker_reads_the_memory_cache_its_maker_holds() -> None:
+    """A memory cache whose name was unlinked at once still reaches spawned workers (they
+    open it through the maker's descriptor): their loads are hits on the maker's entries."""
+    ds = stoker.cached(Squares(16), 1 << 20, always=True)
+    [ds[i] for i in range(16)]
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = np.concatenate([b[:, 0] for b in loader])
+    assert got.tolist() == list(range(16))
+    assert ds.statistics().hits == 16
+    del loader
+
+
 # -- cached data cannot be changed through a view ------------------------------------------
 
 
@@ -376,17 +390,3 @@ def test_a_copy_works_after_the_original_is_gone(tmp_path: Path, where: str) -> 
     else:
         assert float(late[0][0]) == 0.0
         late.close()
-
-
-def test_a_spawned_worker_reads_the_memory_cache_its_maker_holds() -> None:
-    """A memory cache whose name was unlinked at once still reaches spawned workers (they
-    open it through the maker's descriptor): their loads are hits on the maker's entries."""
-    ds = stoker.cached(Squares(16), 1 << 20, always=True)
-    [ds[i] for i in range(16)]
-    loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = np.concatenate([b[:, 0] for b in loader])
-    assert got.tolist() == list(range(16))
-    assert ds.statistics().hits == 16
-    del loader

@@ -2,8 +2,9 @@
 
 :func:`cached` wraps a map-style dataset. The first load of sample ``i`` (in any process
 or thread) stores it in one store every process maps:
-a POSIX shared-memory segment (``where="memory"``, unlinked when its creator's cache object
-is gone) or a file on disk. Later loads get read-only NumPy views into it, without a copy.
+a POSIX shared-memory segment (``where="memory"``, its name unlinked at once, reached by
+other processes through its maker's descriptor) or a file on disk. Later loads get
+read-only NumPy views into it, without a copy. Space is reserved before it is written.
 
 A store is a header, one table row per index (empty / being written / ready, offset,
 length, stamp, CRC-32) and a data area filled front to back; a miss computes outside any

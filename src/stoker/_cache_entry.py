@@ -2,11 +2,11 @@
 
 An entry is a 4-byte skeleton length, the skeleton, and each plain NumPy array of the
 sample (64-byte aligned). The skeleton is stoker's own format, not pickle: None, bools,
-ints, floats, complex numbers, strings, bytes, NumPy scalars and arrays of numeric dtypes,
-and tuples, lists and dicts of them. Anything else is pickled into the skeleton only where
-the store allows it (a memory cache, which no other user can open); a store on disk holds
-no pickle, and decoding refuses one there whatever the entry's checksum says, so a file
-planted in a shared cache folder can never run code.
+ints, floats, complex numbers, strings, bytes, NumPy scalars, arrays and CPU tensors of
+numeric dtypes (a tensor comes back a copy), and tuples, lists and dicts of them. Anything
+else is pickled into the skeleton only where the store allows it (a memory cache, which no
+other user can open); a store on disk holds no pickle, and decoding refuses one there
+whatever the entry's checksum says, so a file planted in a shared folder never runs code.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import struct
 from typing import Any
 
 import numpy as np
+
+from stoker import _torch
 
 ALIGN = 64
 """Entries and the arrays in them start on 64-byte boundaries."""
@@ -66,10 +68,12 @@ class _Encoder:
             raw = x.encode("utf-8", "surrogatepass") if kind is str else x
             out += (b"s" if kind is str else b"b") + _U32.pack(len(raw)) + raw
         elif (kind is np.ndarray or kind is np.memmap) and _plain_dtype(x.dtype):
-            self._array(x)
+            self._array(x, b"a")
         elif isinstance(x, np.generic) and type(x).__module__ == "numpy" and _plain_dtype(x.dtype):
             dtype = x.dtype.str.encode()
             out += b"g" + bytes([len(dtype)]) + dtype + x.tobytes()
+        elif kind.__module__ == "torch" and (t := _tensor_array(x)) is not None:
+            self._array(t, b"A")
         elif kind in (tuple, list, dict) and depth < _MAX_DEPTH:
             items = list(x.items()) if kind is dict else x
             out += _TAGS[kind] + _U32.pack(len(items))
@@ -82,9 +86,9 @@ class _Encoder:
         else:
             self._pickled(x)
 
-    def _array(self, a: np.ndarray[Any, Any]) -> None:
+    def _array(self, a: np.ndarray[Any, Any], tag: bytes) -> None:
         dtype = a.dtype.str.encode()
-        self.out += b"a" + bytes([len(dtype)]) + dtype + bytes([a.ndim])
+        self.out += tag + bytes([len(dtype)]) + dtype + bytes([a.ndim])
         self.out += b"".join(_U64.pack(n) for n in a.shape)
         self.slots.append(len(self.out))
         self.out += _U64.pack(0)
@@ -103,6 +107,20 @@ class _Encoder:
 
 def _plain_dtype(dtype: np.dtype[Any]) -> bool:
     return _DTYPE.fullmatch(dtype.str) is not None
+
+
+def _tensor_array(t: Any) -> np.ndarray[Any, Any] | None:
+    """The memory of a plain CPU tensor as an array (stored raw, like one), else None."""
+    torch = _torch.loaded()
+    if torch is None or type(t) is not torch.Tensor:
+        return None
+    if t.device.type != "cpu" or t.requires_grad or t.layout != torch.strided:
+        return None
+    try:
+        a = t.resolve_conj().resolve_neg().numpy()
+    except (TypeError, RuntimeError):  # bfloat16 and other dtypes NumPy lacks
+        return None
+    return a if _plain_dtype(a.dtype) else None
 
 
 class Entry:
@@ -185,6 +203,10 @@ class _Decoder:
         a.flags.writeable = False
         return a
 
+    def tensor(self) -> Any:
+        """A tensor of its own (a copy: a tensor ignores the read-only flag)."""
+        return _torch.require("a cached tensor").from_numpy(np.array(self.array()))
+
     def scalar(self) -> Any:
         dtype = self.dtype()
         return np.frombuffer(bytes(self.take(dtype.itemsize)), dtype)[0]
@@ -200,6 +222,7 @@ _SCALARS: dict[int, Any] = {
     ord("s"): lambda d: str(d.take(_U32.unpack(d.take(4))[0]), "utf-8", "surrogatepass"),
     ord("b"): lambda d: bytes(d.take(_U32.unpack(d.take(4))[0])),
     ord("a"): _Decoder.array,
+    ord("A"): _Decoder.tensor,
     ord("g"): _Decoder.scalar,
 }
 _CONTAINERS = b"tld"

@@ -13,10 +13,9 @@ A shard is a plain tar whose members ``KEY.FIELD`` are grouped by key. Beside ea
 
 ``starts[i]:starts[i+1]`` are sample ``i``'s members, each with its field, data offset,
 size and CRC-32; ``index_crc32`` covers the rest. A missing or stale index is rebuilt by
-scanning the shard, and so is a file there that is no stoker index at all (empty, not
-JSON, another format), with a warning; a damaged stoker index is an error naming both
-files (its CRC-32s are what the members are checked against). Absolute member names,
-``..`` and links are rejected; a truncated shard raises naming the file and the key.
+scanning the shard, as is a file there that is no stoker index (empty, not JSON, another
+format; with a warning); a damaged stoker index is an error naming both files. Absolute
+member names, ``..`` and links are rejected; a truncated shard raises naming the file.
 """
 
 from __future__ import annotations
