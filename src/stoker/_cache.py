@@ -2,9 +2,8 @@
 
 :func:`cached` wraps a map-style dataset. The first load of sample ``i`` (in any process
 or thread) stores it in one store every process maps:
-a POSIX shared-memory segment (``where="memory"``, its name unlinked at once, reached by
-other processes through its maker's descriptor) or a file on disk. Later loads get
-read-only NumPy views into it, without a copy. Space is reserved before it is written.
+a POSIX shared-memory segment (``where="memory"``, its name unlinked at once) or a file
+on disk. Later loads get read-only NumPy views into it. Space is reserved before use.
 
 A store is a header, one table row per index (empty / being written / ready, offset,
 length, stamp, CRC-32) and a data area filled front to back; a miss computes outside any

@@ -157,23 +157,27 @@ class _Decoder:
         n = _U32.unpack_from(buf, start)[0]
         if PREFIX + n > length:
             raise EntryError(f"a skeleton of {n} bytes does not fit in an entry of {length}")
-        self.view = memoryview(buf)[start + PREFIX : start + PREFIX + n]
+        self.data = bytes(buf[start + PREFIX : start + PREFIX + n])  # small: one copy
         self.pos = 0
 
-    def take(self, n: int) -> memoryview:
+    def take(self, n: int) -> bytes:
         pos = self.pos
-        if pos + n > len(self.view):
+        if pos + n > len(self.data):
             raise EntryError("the skeleton ends inside a value")
         self.pos = pos + n
-        return self.view[pos : pos + n]
+        return self.data[pos : pos + n]
 
     def get(self, depth: int = 0) -> Any:
-        tag = self.take(1)[0]
+        data, pos = self.data, self.pos
+        tag = data[pos]  # (an IndexError past the end: a damaged entry)
+        self.pos = pos + 1
+        if tag == _ARRAY:  # the common case first
+            return self.array()
         if tag in _SCALARS:
             return _SCALARS[tag](self)
         if tag in _CONTAINERS and depth < _MAX_DEPTH:
             count = _U32.unpack(self.take(4))[0]
-            if count > len(self.view) - self.pos:  # each item takes a byte at least
+            if count > len(data) - self.pos:  # each item takes a byte at least
                 raise EntryError(f"a container of {count} items is longer than its entry")
             if tag == _CONTAINERS[2]:
                 return {self.get(depth + 1): self.get(depth + 1) for _ in range(count)}
@@ -186,16 +190,24 @@ class _Decoder:
         raise EntryError(f"unknown tag {tag} in its skeleton")
 
     def dtype(self) -> np.dtype[Any]:
-        text = bytes(self.take(self.take(1)[0])).decode("ascii", "replace")
-        if _DTYPE.fullmatch(text) is None:
-            raise EntryError(f"dtype {text!r} is not a plain numeric dtype")
-        return np.dtype(text)
+        data, pos = self.data, self.pos
+        n = data[pos]
+        text = data[pos + 1 : pos + 1 + n]
+        self.pos = pos + 1 + n
+        dtype = _DTYPES.get(text)
+        if dtype is None:
+            name = text.decode("ascii", "replace")
+            if _DTYPE.fullmatch(name) is None:
+                raise EntryError(f"dtype {name!r} is not a plain numeric dtype")
+            dtype = _DTYPES.setdefault(text, np.dtype(name))
+        return dtype
 
     def array(self) -> np.ndarray[Any, Any]:
         dtype = self.dtype()
-        ndim = self.take(1)[0]
-        shape = tuple(_U64.unpack(self.take(8))[0] for _ in range(ndim))
-        offset = _U64.unpack(self.take(8))[0]
+        data, pos = self.data, self.pos
+        ndim = data[pos]
+        *shape, offset = struct.unpack_from(f"<{ndim + 1}Q", data, pos + 1)
+        self.pos = pos + 1 + 8 * (ndim + 1)
         count = math.prod(shape)
         if offset % ALIGN or offset + count * dtype.itemsize > self.length:
             raise EntryError(f"an array of shape {shape} at {offset} lies outside its entry")
@@ -226,6 +238,9 @@ _SCALARS: dict[int, Any] = {
     ord("g"): _Decoder.scalar,
 }
 _CONTAINERS = b"tld"
+_ARRAY = ord("a")
+_DTYPES: dict[bytes, np.dtype[Any]] = {}
+"""Dtypes of arrays read so far, by their string (checked once)."""
 
 
 def decode(buf: Any, start: int, length: int, pickles: bool) -> Any:
@@ -239,8 +254,10 @@ def decode(buf: Any, start: int, length: int, pickles: bool) -> Any:
     try:
         dec = _Decoder(buf, start, length, pickles)
         sample = dec.get()
-    except (struct.error, IndexError, UnicodeDecodeError, TypeError, RecursionError) as exc:
+    except EntryError:
+        raise
+    except (struct.error, IndexError, ValueError, TypeError, RecursionError) as exc:
         raise EntryError(f"a damaged entry: {exc}") from exc
-    if dec.pos != len(dec.view):
+    if dec.pos != len(dec.data):
         raise EntryError("its skeleton has bytes past its end")
     return sample
