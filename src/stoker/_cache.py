@@ -206,6 +206,22 @@ _SHM_FIX = (
 _DISK_FIX = "free space there, or pick a folder on a larger file system."
 
 
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _fallocate(fd: int, start: int, length: int) -> None:
+    """Reserve the bytes ``start .. start + length`` of a file; OSError only when there is
+    no room (where the platform or file system cannot reserve, nothing is reserved)."""
+    reserve = getattr(os, "posix_fallocate", None)  # (not on macOS)
+    if reserve is None:  # pragma: no cover
+        return
+    try:
+        reserve(fd, start, length)
+    except OSError as exc:
+        if exc.errno in _NO_ROOM:
+            raise
+
+
 def _disk_free(folder: str) -> int:
     st = os.statvfs(folder)
     return st.f_bavail * st.f_frsize
@@ -304,10 +320,8 @@ class _Store:
 
     def _reserve(self, fd: int, start: int, length: int, place: str, fix: str) -> None:
         try:
-            os.posix_fallocate(fd, start, length)
+            _fallocate(fd, start, length)
         except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
             free = _osprobe.shm_free_bytes() if self.where == "memory" else _disk_free(self.where)
             raise _no_room(place, free or 0, self.size, fix) from exc
 
@@ -463,7 +477,7 @@ class _Store:
             h[_H_USED] = used + size
             t[row + _T_STATE] = WRITING
         try:
-            os.posix_fallocate(self.fd, used, size)  # a full file system: ENOSPC, not SIGBUS
+            _fallocate(self.fd, used, size)  # a full file system: ENOSPC here, not SIGBUS
         except OSError as exc:
             t[row + _T_STATE] = EMPTY
             place = self.where if self.where != "memory" else _osprobe.SHM_DIR
@@ -747,8 +761,9 @@ def cached(
     Args:
         dataset: a map-style dataset.
         budget: bytes the store may take in all (header, index table and samples); never
-            exceeded. Samples past it are loaded from ``dataset`` every time.
-        where: "memory" (shared memory, gone with this object) or a directory (a file
+            exceeded, and free where the store lives when it is made. Samples past it are
+            loaded from ``dataset`` every time.
+        where: "memory" (shared memory, gone with its last user) or a directory (a file
             that survives restarts, shared by every loader keyed the same).
         preload: load indices 0, 1, ... now, in this process, until the budget is full.
         always: keep caching even when producing a sample costs less than reading it
@@ -759,7 +774,10 @@ def cached(
 
     Raises:
         TypeError: for a dataset without ``__getitem__`` and ``__len__``.
-        ValueError: for a budget that is not a positive int or too small for the table.
+        ValueError: for a budget that is not a positive int below 2**63 or too small for
+            the table.
+        OSError: (``ENOSPC``) when the budget exceeds the free space of ``/dev/shm`` or of
+            the folder's file system; the message names the place, the room and the fix.
     """
     return CachedDataset(dataset, budget, where, preload=preload, always=always)
 
