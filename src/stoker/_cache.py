@@ -756,28 +756,24 @@ def cached(
 ) -> CachedDataset:
     """A dataset that computes ``dataset[i]`` once and serves it from one shared copy after.
 
-    For deterministic datasets: cache the decode, augment on top (e.g. in a wrapper).
+    For deterministic datasets: cache the decode, augment on top.
 
     Args:
         dataset: a map-style dataset.
-        budget: bytes the store may take in all (header, index table and samples); never
-            exceeded, and free where the store lives when it is made. Samples past it are
-            loaded from ``dataset`` every time.
-        where: "memory" (shared memory, gone with its last user) or a directory (a file
-            that survives restarts, shared by every loader keyed the same).
-        preload: load indices 0, 1, ... now, in this process, until the budget is full.
-        always: keep caching even when producing a sample costs less than reading it
-            back (measured on the first entries).
+        budget: bytes the store takes at most (header, table, samples), free where it
+            lives; samples past it are loaded every time.
+        where: "memory" (shared memory) or a directory (a file that survives restarts,
+            shared by every loader keyed the same).
+        preload: load indices 0, 1, ... now until the budget is full.
+        always: keep caching even when producing costs less than reading back.
 
     Returns:
-        A :class:`CachedDataset` (in ``stoker.torch``, also a ``torch.utils.data.Dataset``).
+        A :class:`CachedDataset` (in ``stoker.torch``, also a torch ``Dataset``).
 
     Raises:
         TypeError: for a dataset without ``__getitem__`` and ``__len__``.
-        ValueError: for a budget that is not a positive int below 2**63 or too small for
-            the table.
-        OSError: (``ENOSPC``) when the budget exceeds the free space of ``/dev/shm`` or of
-            the folder's file system; the message names the place, the room and the fix.
+        ValueError: for a budget not a positive int below 2**63, or too small.
+        OSError: (``ENOSPC``) for a budget over the free space where the store lives.
     """
     return CachedDataset(dataset, budget, where, preload=preload, always=always)
 
