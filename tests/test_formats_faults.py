@@ -177,8 +177,6 @@ def damage(doc: dict[str, object], how: str) -> bytes:
         d["field"][0] = 99  # type: ignore[index]
     elif how == "wrong types":
         d["offset"] = "everywhere"
-    elif how == "not an index":
-        d = {"hello": "world"}
     return json.dumps(d).encode()
 
 
@@ -190,7 +188,6 @@ DAMAGE = [
     "absurd count",
     "field out of range",
     "wrong types",
-    "not an index",
 ]
 
 
@@ -215,6 +212,37 @@ def test_damaged_index_raises_value_error_naming_shard_and_index(tmp_path: Path,
         assert str(index) in str(err.value) and "Delete the index" in str(err.value)
     index.unlink()  # the fix the message gives: the index is rebuilt from the shard
     assert [ShardDataset(shard)[i]["cls"] for i in range(6)] == list(range(6))
+
+
+NOT_AN_INDEX = {
+    "empty": b"",
+    "not JSON": b"\x00\xffgarbage{",
+    "a JSON list": b"[]",
+    "another format": b'{"format": "webdataset-wids", "shards": []}',
+    "no format": b'{"hello": "world"}',
+}
+
+
+@pytest.mark.parametrize("how", list(NOT_AN_INDEX))
+def test_a_file_that_is_no_index_is_rebuilt_from_the_intact_shard(tmp_path: Path, how: str) -> None:
+    """An index file that holds no stoker index at all (empty, not JSON, ``[]``, another
+    format): the shard is intact and the index derived data, so both readers read the
+    shard with a warning naming the file (the stream as without an index), and ShardDataset
+    saves the index it rebuilt over it."""
+    (shard,) = write_numbers(str(tmp_path / "s-%d.tar"), 6)
+    index = Path(shard + ".index.json")
+    readers = [
+        lambda: [s["cls"] for s in ShardIterable(shard, buffer_size=0, seed=0)],
+        lambda: [ShardDataset(shard)[i]["cls"] for i in range(6)],
+    ]
+    for read in readers:
+        index.write_bytes(NOT_AN_INDEX[how])
+        with pytest.warns(RuntimeWarning, match="is not a stoker index") as seen:
+            assert read() == list(range(6))
+        assert str(index) in str(seen[0].message) and "rebuilt from the shard" in str(
+            seen[0].message
+        )
+    assert json.loads(index.read_bytes())["format"] == "stoker-tar-index"  # saved over it
 
 
 def test_bit_flipped_index_raises_value_error_naming_the_shard(tmp_path: Path) -> None:

@@ -222,3 +222,20 @@ def test_numpy_tensor_type_gives_arrays() -> None:
     assert type(x) is np.ndarray and x.dtype == np.int32 and y.dtype == np.float64
     (x, y), *_ = S.DataLoader(ds, batch_size=4)
     assert type(x) is torch.Tensor and x.dtype == torch.int32
+
+
+def test_a_read_only_array_converts_to_a_tensor_of_its_own() -> None:
+    """Differential: torch's default_convert shares a read-only array's memory (warning,
+    once a process, that writing is undefined); stoker's gives the same values in memory of
+    their own, so a tensor written in place cannot reach what the array protects (a cache's
+    entry)."""
+    ro = np.arange(6, dtype=np.float32)
+    ro.flags.writeable = False
+    theirs = _theirs(T.default_convert, ro)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours = S.default_convert(ro)
+    assert theirs.data_ptr() == ro.ctypes.data and ours.data_ptr() != ro.ctypes.data
+    assert torch.equal(ours, theirs) and ours.dtype == theirs.dtype
+    ours.add_(1)
+    assert ro.tolist() == list(range(6))

@@ -2,8 +2,8 @@
 
 :func:`cached` wraps a map-style dataset. The first load of sample ``i`` (in any process
 or thread) stores it in one store every process maps:
-a POSIX shared-memory segment (``where="memory"``, unlinked when its creator's cache object
-is gone) or a file on disk. Later loads get read-only NumPy views into it, without a copy.
+a POSIX shared-memory segment (``where="memory"``, its name unlinked at once) or a file
+on disk. Later loads get read-only NumPy views into it. Space is reserved before use.
 
 A store is a header, one table row per index (empty / being written / ready, offset,
 length, stamp, CRC-32) and a data area filled front to back; a miss computes outside any
@@ -15,26 +15,27 @@ than reading back, and the store is keyed by what produced it. See ``docs/cachin
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import errno
 import fcntl
 import hashlib
-import math
 import mmap
 import operator
 import os
-import pickle
 import secrets
 import threading
 import time
+import warnings
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from stoker import _osprobe
+from stoker import _cache_entry, _osprobe
 from stoker._worker_info import get_worker_info
 
 if TYPE_CHECKING:
@@ -46,8 +47,7 @@ except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
 MAGIC = b"STKCACH1"
-ALIGN = 64
-"""Entries and the arrays in them start on 64-byte boundaries."""
+ALIGN = _cache_entry.ALIGN
 PAYS_FACTOR = 2.0
 """Caching pays when producing a sample costs at least this many reads of it back."""
 MEASURE_ENTRIES = 8
@@ -66,8 +66,8 @@ _H_VERSION, _H_KEY, _H_LEN, _H_SIZE, _H_DATA, _H_USED, _H_LIMIT, _H_DECISION = r
 _H_PRODUCE, _H_READ, _H_MEASURED, _H_FIELDS = 8, 9, 10, 16
 _C_HITS, _C_MISSES, _C_STORED, _C_STALE, _C_CORRUPT, _C_FIELDS = 0, 1, 2, 3, 4, 8
 _T_STATE, _T_OFFSET, _T_LENGTH, _T_STAMP, _T_CRC, _T_FIELDS = 0, 1, 2, 3, 4, 5
-_VERSION = 1
-_PREFIX = 4  # bytes: the length of an entry's pickled skeleton
+_VERSION = 2
+"""1: skeletons were pickles; 2: :mod:`stoker._cache_entry`'s own format."""
 
 
 def _round_up(n: int, to: int = ALIGN) -> int:
@@ -126,83 +126,6 @@ class CacheStatistics:
         return self.hits / total if total else 0.0
 
 
-class _ArrayRef:
-    """Where one array of an entry lies: offset from the entry's start, dtype, shape."""
-
-    __slots__ = ("dtype", "offset", "shape")
-
-    def __init__(self, offset: int, dtype: str, shape: tuple[int, ...]) -> None:
-        self.offset, self.dtype, self.shape = offset, dtype, shape
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _ArrayRef, (self.offset, self.dtype, self.shape)
-
-
-def _split(sample: Any, arrays: list[np.ndarray[Any, Any]]) -> Any:
-    """``sample`` with its plain NumPy arrays replaced by placeholders (the arrays appended
-    to ``arrays``; their offsets are filled in by :func:`encode`)."""
-    kind = type(sample)
-    if kind is np.ndarray and sample.dtype.kind in "biufc?" and not sample.dtype.hasobject:
-        arrays.append(sample)
-        return _ArrayRef(len(arrays) - 1, sample.dtype.str, sample.shape)
-    if kind is tuple or kind is list:
-        return kind(_split(x, arrays) for x in sample)
-    if kind is dict:
-        return {k: _split(v, arrays) for k, v in sample.items()}
-    return sample
-
-
-def encode(sample: Any) -> tuple[bytes, list[np.ndarray[Any, Any]], list[int], int]:
-    """(pickled skeleton, arrays, their offsets in the entry, entry size) of ``sample``."""
-    arrays: list[np.ndarray[Any, Any]] = []
-    skeleton = _split(sample, arrays)
-    offsets = []
-    # the skeleton's size depends on the offsets it holds: lay out with room for them
-    size = _round_up(_PREFIX + len(pickle.dumps(skeleton, 5)) + 16 * len(arrays))
-    for a in arrays:
-        offsets.append(size)
-        size = _round_up(size + a.nbytes)
-    _place(skeleton, offsets)
-    blob = pickle.dumps(skeleton, 5)
-    if _PREFIX + len(blob) > (offsets[0] if offsets else size):
-        raise AssertionError("cache entry layout overflow")  # pragma: no cover
-    return blob, arrays, offsets, max(size, _round_up(_PREFIX + len(blob)))
-
-
-def _place(node: Any, offsets: list[int]) -> None:
-    """Turn the placeholders' array numbers into the arrays' offsets in the entry."""
-    if type(node) is _ArrayRef:
-        node.offset = offsets[node.offset]
-    elif type(node) in (tuple, list):
-        for x in node:
-            _place(x, offsets)
-    elif type(node) is dict:
-        for x in node.values():
-            _place(x, offsets)
-
-
-def decode(buf: Any, start: int) -> Any:
-    """The sample of the entry at ``start`` in ``buf``: arrays as read-only views."""
-    n = int.from_bytes(buf[start : start + _PREFIX], "little")
-    skeleton = pickle.loads(buf[start + _PREFIX : start + _PREFIX + n])
-    return _join(skeleton, buf, start)
-
-
-def _join(node: Any, buf: Any, start: int) -> Any:
-    kind = type(node)
-    if kind is _ArrayRef:
-        dtype = np.dtype(node.dtype)
-        count = math.prod(node.shape)
-        a = np.frombuffer(buf, dtype, count, start + node.offset).reshape(node.shape)
-        a.flags.writeable = False
-        return a
-    if kind is tuple or kind is list:
-        return kind(_join(x, buf, start) for x in node)
-    if kind is dict:
-        return {k: _join(v, buf, start) for k, v in node.items()}
-    return node
-
-
 def fingerprint(dataset: Any) -> int:
     """A 63-bit key of what produces ``dataset``'s samples: its type, length and repr, its
     transforms' repr, and for folder datasets every file's path, size and mtime."""
@@ -247,10 +170,11 @@ _LIVE: weakref.WeakSet[_Store] = weakref.WeakSet()
 
 def shm_reserved_bytes() -> int:
     """Bytes that live shared-memory caches of this process may still write into /dev/shm
-    (their segments are sparse: ``statvfs`` does not count pages not yet written)."""
-    total = 0
+    (their segments are sparse: ``statvfs`` does not count space not yet reserved)."""
+    total, seen = 0, set()
     for store in list(_LIVE):
-        if store.owner == os.getpid() and not store.closed:
+        if store.owner == os.getpid() and not store.closed and store.ref not in seen:
+            seen.add(store.ref)
             total += max(0, store.size - store.touched())
     return total
 
@@ -262,18 +186,70 @@ def shm_room_bytes() -> int | None:
     return None if free is None else max(0, free - shm_reserved_bytes())
 
 
+class ShmRef(NamedTuple):
+    """How another process finds a memory cache's segment, whose name is unlinked as soon
+    as it is made: the descriptor ``fd`` of process ``pid`` (``/proc/PID/fd/FD``), and the
+    segment's device and inode, which the file opened there must have."""
+
+    pid: int
+    fd: int
+    dev: int
+    ino: int
+
+
+def _no_room(place: str, room: int, budget: int, fix: str) -> OSError:
+    return OSError(
+        errno.ENOSPC,
+        f"a cache's budget must fit in the space free where it lives, but {place} has "
+        f"{room:,} bytes free for a budget of {budget:,} bytes. Fix: pass a smaller budget, "
+        f"or {fix}",
+    )
+
+
+_SHM_FIX = (
+    "give the container more shared memory (docker run --shm-size=8g, or a larger "
+    "/dev/shm), or cache on disk (where=<a directory>)."
+)
+_DISK_FIX = "free space there, or pick a folder on a larger file system."
+
+
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _fallocate(fd: int, start: int, length: int) -> None:
+    """Reserve the bytes ``start .. start + length`` of a file; OSError only when there is
+    no room (where the platform or file system cannot reserve, nothing is reserved)."""
+    reserve = getattr(os, "posix_fallocate", None)  # (not on macOS)
+    if reserve is None:  # pragma: no cover
+        return
+    try:
+        reserve(fd, start, length)
+    except OSError as exc:
+        if exc.errno in _NO_ROOM:
+            raise
+
+
+def _disk_free(folder: str) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
 class _Store:
     """One mapped store (a shared-memory segment or a file): the header, the table, the data.
+
+    Space is reserved (``posix_fallocate``) before any of it is written: the header and
+    table when the store is made, each entry before it is written, so a full ``/dev/shm`` or
+    disk is an error or an entry not stored, never SIGBUS.
 
     Args:
         where: "memory" or a directory.
         length: indices in the table.
         budget: the store's size in bytes.
         key: the :func:`fingerprint` of the dataset.
-        name: the segment or file to attach to (None: create one).
+        ref: the memory segment to attach to (None: make one; unused on disk).
     """
 
-    def __init__(self, where: str, length: int, budget: int, key: int, name: str | None) -> None:
+    def __init__(self, where: str, length: int, budget: int, key: int, ref: ShmRef | None) -> None:
         head, table = _layout(length)
         if budget < head + table + ALIGN:
             raise ValueError(
@@ -284,56 +260,108 @@ class _Store:
         self.data_start = head + table
         self.owner = os.getpid()
         self.closed = False
+        self.pickles = where == "memory"  # a file another user may plant holds no pickle
         self._lock = threading.Lock()
         self._verified: np.ndarray[Any, Any] | None = None
+        self._warned = False
         if where == "memory":
-            self.name = name or f"stoker_{os.getpid()}_cache_{secrets.token_hex(4)}"
-            self.fd = self._open_shm(create=name is None)
+            self.name = f"stoker_{os.getpid()}_cache_{secrets.token_hex(4)}"
+            self.fd = self._make_shm() if ref is None else _attach_shm(ref)
         else:
-            self.name = name or os.path.join(where, f"stoker-cache-{key:016x}.bin")
+            self.name = os.path.join(where, f"stoker-cache-{key:016x}.bin")
             self.fd = self._open_file()
-        self.mm = mmap.mmap(self.fd, budget, mmap.MAP_SHARED)
-        # int64 fields as memoryviews: a Python int per access, far cheaper than NumPy's
-        view = memoryview(self.mm)
-        self.header = view[8 : 8 + 8 * _H_FIELDS].cast("q")
-        self.counters = view[8 + 8 * _H_FIELDS : 8 + 8 * (_H_FIELDS + ROWS * _C_FIELDS)].cast("q")
-        self.table = view[head : head + 8 * length * _T_FIELDS].cast("q")
-        del view
+        st = os.fstat(self.fd)
+        pid, fd = (ref.pid, ref.fd) if ref is not None else (os.getpid(), self.fd)
+        self.ref = ShmRef(pid, fd, st.st_dev, st.st_ino)
+        self._map(head, length)
         if where == "memory":
-            if name is None:
+            if ref is None:
                 self._init_header()
+            if ref is None or ref.pid == os.getpid():
                 _LIVE.add(self)
         else:
             self._verified = np.zeros(length, np.bool_)
             self._recover()
-        unlink = self.name if name is None and where == "memory" else None
-        self._finalizer = weakref.finalize(self, _close, self.mm, self.fd, unlink, self.owner)
+        self._finalizer = weakref.finalize(self, _close, self.mm, self.fd)
         _ALL.add(self)
+
+    def _map(self, head: int, length: int) -> None:
+        try:
+            self.mm = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        # int64 fields as memoryviews: a Python int per access, far cheaper than NumPy's
+        view = memoryview(self.mm)
+        self.ro = view.toreadonly()  # what entries are read from: their arrays stay read-only
+        self.header = view[8 : 8 + 8 * _H_FIELDS].cast("q")
+        self.counters = view[8 + 8 * _H_FIELDS : 8 + 8 * (_H_FIELDS + ROWS * _C_FIELDS)].cast("q")
+        self.table = view[head : head + 8 * length * _T_FIELDS].cast("q")
+        del view
+
+    def again(self) -> _Store:
+        """Another mapping of the same store, for a copy of its cache (closed apart)."""
+        ref = self.ref if self.where == "memory" else None
+        return _Store(self.where, self.length, self.size, self.key, ref)
 
     # -- opening ---------------------------------------------------------------------------
 
-    def _open_shm(self, create: bool) -> int:
+    def _make_shm(self) -> int:
+        """A new segment, its name unlinked at once: nothing is left in /dev/shm whatever
+        ends this process (even SIGKILL); other processes open it by :class:`ShmRef`."""
         if _posixshmem is None:  # pragma: no cover
             raise OSError("where='memory' needs POSIX shared memory; pass a directory instead.")
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd: int = _posixshmem.shm_open("/" + self.name, flags, 0o600)
-        if create:
+        room = shm_room_bytes()
+        place = f"shared memory ({_osprobe.SHM_DIR})"
+        if room is not None and self.size > room:
+            raise _no_room(place, room, self.size, _SHM_FIX)
+        fd: int = _posixshmem.shm_open("/" + self.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        _posixshmem.shm_unlink("/" + self.name)
+        try:
             os.ftruncate(fd, self.size)
+            self._reserve(fd, 0, self.data_start, place, _SHM_FIX)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
+
+    def _reserve(self, fd: int, start: int, length: int, place: str, fix: str) -> None:
+        try:
+            _fallocate(fd, start, length)
+        except OSError as exc:
+            free = _osprobe.shm_free_bytes() if self.where == "memory" else _disk_free(self.where)
+            raise _no_room(place, free or 0, self.size, fix) from exc
 
     def _open_file(self) -> int:
         """The store's file, checked; made again (atomically) when missing, foreign,
-        truncated or of another size."""
-        os.makedirs(os.path.dirname(self.name) or ".", exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            fd = os.open(self.name, os.O_RDWR)
-            if self._header_ok(fd):
-                return fd
-            os.close(fd)
+        damaged or of another size. Under a lock file beside it, so that processes opening
+        one folder at once share one file."""
+        folder = os.path.dirname(self.name) or "."
+        os.makedirs(folder, exist_ok=True)
+        lock = os.open(self.name + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                fd = os.open(self.name, os.O_RDWR)
+                if self._header_ok(fd):
+                    need = self.size - os.fstat(fd).st_blocks * 512
+                    if need > _disk_free(folder):
+                        os.close(fd)
+                        raise _no_room(folder, _disk_free(folder), self.size, _DISK_FIX)
+                    return fd
+                os.close(fd)
+            if self.size > _disk_free(folder):
+                raise _no_room(folder, _disk_free(folder), self.size, _DISK_FIX)
+            return self._make_file(folder)
+        finally:
+            os.close(lock)  # (and with it the lock)
+
+    def _make_file(self, folder: str) -> int:
         tmp = f"{self.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.ftruncate(fd, self.size)
+            self._reserve(fd, 0, self.data_start, folder, _DISK_FIX)
             mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED)
             header = np.frombuffer(mm, np.int64, _H_FIELDS, 8)
             self._fill_header(header)
@@ -351,6 +379,7 @@ class _Store:
         return fd
 
     def _header_ok(self, fd: int) -> bool:
+        """Whether the file is a store of this key and layout with sane header fields."""
         if os.fstat(fd).st_size != self.size:
             return False  # truncated, or made for another budget
         raw = os.pread(fd, 8 + 8 * _H_FIELDS, 0)
@@ -364,6 +393,9 @@ class _Store:
             and h[_H_SIZE] == self.size
             and h[_H_DATA] == self.data_start
             and self.data_start <= h[_H_USED] <= self.size
+            and int(h[_H_DECISION]) in _DECISIONS
+            and -1 <= h[_H_LIMIT] <= self.length
+            and min(h[_H_PRODUCE], h[_H_READ], h[_H_MEASURED]) >= 0
         )
 
     def _fill_header(self, header: Any) -> None:
@@ -410,7 +442,8 @@ class _Store:
 
     def read(self, index: int, stamp: int) -> tuple[Any, int]:
         """(the sample, status): status READY when served, EMPTY when absent, WRITING when
-        being written elsewhere, STALE or CORRUPT otherwise."""
+        being written elsewhere, STALE or CORRUPT otherwise (on disk: a failed checksum, a
+        malformed entry or one holding a pickle)."""
         t, row = self.table, index * _T_FIELDS
         state = t[row + _T_STATE]
         if state != READY:
@@ -423,12 +456,20 @@ class _Store:
             if not ok or zlib.crc32(self.mm[offset : offset + length]) != t[row + _T_CRC]:
                 return None, CORRUPT
             self._verified[index] = True
-        return decode(self.mm, offset), READY
+        try:
+            return _cache_entry.decode(self.ro, offset, length, self.pickles), READY
+        except _cache_entry.EntryError:
+            return None, CORRUPT
 
     def write(self, index: int, stamp: int, sample: Any, replace: bool) -> bool:
         """Store ``sample`` as entry ``index``; False when it is someone else's to write,
-        outside the admitted set, or does not fit."""
-        blob, arrays, offsets, size = encode(sample)
+        outside the admitted set, does not fit, or (on disk) would need a pickle."""
+        try:
+            entry = _cache_entry.Entry(sample, self.pickles)
+        except _cache_entry.Unstorable as exc:
+            self._warn(f"{exc}, so such samples are loaded from the dataset every time")
+            return False
+        size = entry.size
         with self.locked():
             t, row, h = self.table, index * _T_FIELDS, self.header
             if t[row + _T_STATE] == WRITING or (t[row + _T_STATE] == READY and not replace):
@@ -442,13 +483,16 @@ class _Store:
                 return False
             h[_H_USED] = used + size
             t[row + _T_STATE] = WRITING
-        mm = self.mm
-        mm[used : used + _PREFIX] = len(blob).to_bytes(_PREFIX, "little")
-        mm[used + _PREFIX : used + _PREFIX + len(blob)] = blob
-        for a, off in zip(arrays, offsets, strict=True):
-            dst = np.frombuffer(mm, a.dtype, a.size, used + off).reshape(a.shape)
-            dst[...] = a
-        crc = zlib.crc32(mm[used : used + size]) if self._verified is not None else 0
+        try:
+            _fallocate(self.fd, used, size)  # a full file system: ENOSPC here, not SIGBUS
+        except OSError as exc:
+            t[row + _T_STATE] = EMPTY
+            place = self.where if self.where != "memory" else _osprobe.SHM_DIR
+            self._warn(f"{place} is full ({exc.strerror}): samples not yet cached are loaded "
+                       "from the dataset every time; free space there or pass a smaller budget")
+            return False
+        entry.write(self.mm, used)
+        crc = zlib.crc32(self.mm[used : used + size]) if self._verified is not None else 0
         t[row + _T_OFFSET], t[row + _T_LENGTH], t[row + _T_STAMP] = used, size, stamp
         t[row + _T_CRC] = crc
         t[row + _T_STATE] = READY  # last: readers see a whole entry or none
@@ -456,15 +500,23 @@ class _Store:
             self._verified[index] = True
         return True
 
+    def _warn(self, text: str) -> None:
+        """Warn once per store and process (the cache goes on without the entry)."""
+        if not self._warned:
+            self._warned = True
+            where = "a memory cache" if self.where == "memory" else f"cache {self.name!r}"
+            warnings.warn(f"{where}: {text}.", RuntimeWarning, stacklevel=4)
+
     def touched(self) -> int:
-        """Bytes of the store written so far (header, table and the data used)."""
+        """Bytes of the store reserved so far (header, table and the data used)."""
         return self.header[_H_USED] if not self.closed else 0
 
     def close(self) -> None:
         """Unmap now (views handed out keep the mapping until they die)."""
         self.closed = True
-        for view in (self.header, self.counters, self.table):
-            view.release()
+        for view in (self.header, self.counters, self.table, self.ro):
+            with contextlib.suppress(BufferError):  # arrays of entries still alive
+                view.release()
         self._finalizer()
 
 
@@ -480,11 +532,26 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _close(mm: mmap.mmap, fd: int, unlink: str | None, owner: int) -> None:
-    """Unmap and close; the process that made a segment (not a forked copy) unlinks it."""
-    if unlink is not None and _posixshmem is not None and os.getpid() == owner:
-        with contextlib.suppress(FileNotFoundError):
-            _posixshmem.shm_unlink("/" + unlink)
+def _attach_shm(ref: ShmRef) -> int:
+    """The segment of a memory cache made elsewhere (or by an object gone): opened through
+    its maker's descriptor, and checked to be that segment."""
+    with contextlib.suppress(OSError):
+        fd = os.open(f"/proc/{ref.pid}/fd/{ref.fd}", os.O_RDWR)
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == (ref.dev, ref.ino):
+            return fd
+        os.close(fd)
+    raise ValueError(
+        f"this memory cache's store is gone: process {ref.pid} made it and has closed it or "
+        "exited. A memory cache is shared with its maker's workers (and copies) while its "
+        "maker holds it; pickled, it attaches to that store, it does not carry the data. Use "
+        "copy.deepcopy to keep a copy working on its own, or where=<a directory> for a cache "
+        "that outlives its process."
+    )
+
+
+def _close(mm: mmap.mmap, fd: int) -> None:
+    """Unmap and close (a memory segment's name was unlinked when it was made)."""
     with contextlib.suppress(BufferError):  # views still alive: their mapping stays
         mm.close()
     with contextlib.suppress(OSError):
@@ -522,8 +589,10 @@ class CachedDataset:
                 f"cached() needs a map-style dataset (with __getitem__ and __len__), got "
                 f"{type(dataset).__name__}; an iterable dataset has no index to cache by."
             )
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
-            raise ValueError(f"budget must be a positive number of bytes, got {budget!r}.")
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget < 2**63:
+            raise ValueError(
+                f"budget must be a positive number of bytes below 2**63, got {budget!r}."
+            )
         self.dataset = dataset
         self.where = "memory" if where == "memory" else os.path.abspath(os.fspath(where))
         self.budget = budget
@@ -532,16 +601,17 @@ class CachedDataset:
         self._key = fingerprint(dataset)
         self._store: _Store | None = _Store(self.where, len(dataset), budget, self._key, None)
         self._name = self._store.name
+        self._ref = self._store.ref if self.where == "memory" else None
         self._closed = False
         if preload:
             self.preload()
 
     def _opened(self) -> _Store:
         store = self._store
-        if store is None:  # unpickled in a spawned worker: attach by name
+        if store is None:  # unpickled in a spawned worker: attach to the maker's store
             if self._closed:
                 raise ValueError("this cache was closed; make a new one with stoker.cached().")
-            store = _Store(self.where, len(self.dataset), self.budget, self._key, self._name)
+            store = _Store(self.where, len(self.dataset), self.budget, self._key, self._ref)
             self._store = store
         return store
 
@@ -554,6 +624,21 @@ class CachedDataset:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._path_of = _path_of(self.dataset)
+
+    def __copy__(self) -> CachedDataset:
+        return self._copy(self.__getstate__())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CachedDataset:
+        return self._copy(copy.deepcopy(self.__getstate__(), memo))
+
+    def _copy(self, state: dict[str, Any]) -> CachedDataset:
+        """A copy with a mapping of its own of the same store, made now: it works on after
+        this object is closed or gone (a memory store lives while a copy maps it)."""
+        new = type(self).__new__(type(self))
+        new.__setstate__(state)
+        if self._store is not None and not self._store.closed:
+            new._store = self._store.again()
+        return new
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -634,7 +719,13 @@ class CachedDataset:
         store = self._opened()
         h = store.header
         sums = np.frombuffer(store.counters, np.int64).reshape(ROWS, _C_FIELDS).sum(axis=0)
-        decision = _DECISIONS[int(h[_H_DECISION])]
+        decision = _DECISIONS.get(int(h[_H_DECISION]))
+        if decision is None:  # (checked on open: damaged since, by another writer)
+            raise ValueError(
+                f"cache store {store.name!r} is damaged: its header field 'decision' holds "
+                f"{int(h[_H_DECISION])}, not one of {sorted(_DECISIONS)}. Delete the file: "
+                "the next run makes it again."
+            )
         if h[_H_MEASURED]:
             n = int(h[_H_MEASURED])
             decision += (
@@ -657,7 +748,7 @@ class CachedDataset:
         )
 
     def close(self) -> None:
-        """Unmap the store now (and, for the process that made a memory cache, unlink it)."""
+        """Unmap the store now (a memory cache's segment goes when its last mapping does)."""
         if self._store is not None:
             self._store.close()
         self._store = None
@@ -677,24 +768,24 @@ def cached(
 ) -> CachedDataset:
     """A dataset that computes ``dataset[i]`` once and serves it from one shared copy after.
 
-    For deterministic datasets: cache the decode, augment on top (e.g. in a wrapper).
+    For deterministic datasets: cache the decode, augment on top.
 
     Args:
         dataset: a map-style dataset.
-        budget: bytes the store may take in all (header, index table and samples); never
-            exceeded. Samples past it are loaded from ``dataset`` every time.
-        where: "memory" (shared memory, gone with this object) or a directory (a file
-            that survives restarts, shared by every loader keyed the same).
-        preload: load indices 0, 1, ... now, in this process, until the budget is full.
-        always: keep caching even when producing a sample costs less than reading it
-            back (measured on the first entries).
+        budget: bytes the store takes at most (header, table, samples), free where it
+            lives; samples past it are loaded every time.
+        where: "memory" (shared memory) or a directory (a file that survives restarts,
+            shared by every loader keyed the same).
+        preload: load indices 0, 1, ... now until the budget is full.
+        always: keep caching even when producing costs less than reading back.
 
     Returns:
-        A :class:`CachedDataset` (in ``stoker.torch``, also a ``torch.utils.data.Dataset``).
+        A :class:`CachedDataset` (in ``stoker.torch``, also a torch ``Dataset``).
 
     Raises:
         TypeError: for a dataset without ``__getitem__`` and ``__len__``.
-        ValueError: for a budget that is not a positive int or too small for the table.
+        ValueError: for a budget not a positive int below 2**63, or too small.
+        OSError: (``ENOSPC``) for a budget over the free space where the store lives.
 
     >>> data = cached(TensorDataset(np.arange(6.0)), budget=1 << 20, preload=True)
     >>> float(data[5][0]), data.statistics().entries

@@ -342,6 +342,10 @@ def _convert(data: Any, where: str, torch: Any) -> Any:
             return data
         if kind == _ARRAY and data.dtype.kind in "OSU":
             return data
+        if kind == _ARRAY and not data.flags.writeable:
+            # a tensor ignores the flag: sharing would let a tensor write into what the
+            # array protects (a cache's entry), so a read-only array is handed out copied
+            data = data.copy()
         try:
             return torch.as_tensor(data)
         except (TypeError, ValueError, RuntimeError) as exc:

@@ -13,8 +13,9 @@ A shard is a plain tar whose members ``KEY.FIELD`` are grouped by key. Beside ea
 
 ``starts[i]:starts[i+1]`` are sample ``i``'s members, each with its field, data offset,
 size and CRC-32; ``index_crc32`` covers the rest. A missing or stale index is rebuilt by
-scanning the shard; a damaged one is an error naming both files. Absolute member names,
-``..`` and links are rejected; a truncated shard raises naming the file and the key.
+scanning the shard, as is a file there that is no stoker index (empty, not JSON, another
+format; with a warning); a damaged stoker index is an error naming both files. Absolute
+member names, ``..`` and links are rejected; a truncated shard raises naming the file.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import os
 import re
 import tarfile
+import warnings
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -39,6 +41,8 @@ _TAIL_READS = 4
 """How many of a stream's last reads are kept, to re-read where tarfile stopped."""
 _CHECKSUM = re.compile(rb',"index_crc32":(\d+)}\s*$')
 FORMAT = "stoker-tar-index"
+_CLAIM = re.compile(rb'\s*\{\s*"format"\s*:\s*"%s"' % FORMAT.encode())
+"""How a stoker index starts (``format`` is written first), even one cut short."""
 VERSION = 1
 
 
@@ -376,7 +380,40 @@ def read(url: str, storage_options: Mapping[str, Any]) -> ShardIndex | None:
     idx_url = url + INDEX_SUFFIX
     if not _remote.exists(idx_url, storage_options):
         return None
-    return ShardIndex.from_json(url, _remote.read_bytes(idx_url, storage_options))
+    data = _remote.read_bytes(idx_url, storage_options)
+    foreign = _not_an_index(data)
+    if foreign is not None:
+        warnings.warn(
+            f"{idx_url!r} is not a stoker index of shard {url!r} ({foreign}); the index is "
+            "rebuilt from the shard (and saved over it where the folder is writable).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return ShardIndex.from_json(url, data)
+
+
+def _not_an_index(data: bytes) -> str | None:
+    """Why ``data`` holds no stoker index at all (so nothing is lost rebuilding it), or
+    None for what is one, even damaged: a damaged stoker index is an error, as its CRC-32s
+    are what the shard's members are checked against.
+
+    >>> _not_an_index(b""), _not_an_index(b"[]"), _not_an_index(b'{"format": "x"}')
+    ('it is empty', 'it is JSON of another kind', 'it is JSON of another kind')
+    >>> _not_an_index(b'{"format":"stoker-tar-index","ver') is None
+    True
+    """
+    if _CLAIM.match(data) or _CHECKSUM.search(data):
+        return None
+    if not data.strip():
+        return "it is empty"
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return "it is not JSON"
+    if isinstance(doc, dict) and doc.get("format") == FORMAT:
+        return None
+    return "it is JSON of another kind"
 
 
 def current(url: str, storage_options: Mapping[str, Any]) -> ShardIndex | None:
