@@ -42,8 +42,9 @@ _ENTRY = re.compile(
 _PAGE = re.compile(r"[\w./-]*\b(?:api|architecture|performance|reliability)\.md", re.I)
 # A path of one machine's file system.
 _MACHINE_PATH = re.compile(r"(?<![\w.:/~-])/(?:work|root|home|Users|tmp|mnt)/")
-# Scratch folders that a command or doctest creates under /tmp: valid on any machine.
-SCRATCH_PATHS = ("--data /tmp/stoker_w4", "file:///tmp/x", "'/tmp/x'")
+# Scratch folders that a command or doctest creates under /tmp, and the tmpfs a fault test
+# mounts in a mount namespace of its own: valid on any machine.
+SCRATCH_PATHS = ("--data /tmp/stoker_w4", "file:///tmp/x", "'/tmp/x'", "/mnt/c")
 
 
 def _words(text: str) -> int:
