@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from stoker._engine._dispatch import Dispatcher
 from stoker._engine._interrupts import raise_pending
-from stoker._engine._messages import Loaded, LoadedGroup, Probe, Ready, StartFailed, ToIterator
+from stoker._engine._messages import (
+    Loaded,
+    LoadedGroup,
+    Probe,
+    Ready,
+    Snapshot,
+    StartFailed,
+    ToIterator,
+)
 from stoker._engine._pin import pin
 from stoker._engine._pool import WorkerPool, make_pool
 from stoker._engine._single import SingleProcessIterator
@@ -235,6 +243,8 @@ class MultiWorkerIterator:
             return  # a result of an abandoned epoch (a batch's slot returns as it dies)
         if isinstance(msg, Probe):  # a worker's first samples, timed (autotune)
             return self._autotune(msg) if self._tuner is not None else None
+        if isinstance(msg, Snapshot):  # a stateful stream's worker state, before its batch
+            return self._dispatch.snapshot(msg)
         if isinstance(msg, (Loaded, LoadedGroup)):
             self._stats.busy[wid] += msg.busy  # the worker's fetch + collate seconds
         self._dispatch.answered(wid, msg)

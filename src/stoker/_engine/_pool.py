@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import multiprocessing
 import multiprocessing.util
 import os
@@ -53,6 +54,7 @@ from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, add_note, decode, pack_tasks, safe_str, send
 from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
 from stoker._policy import slots_kept_free, steady_slots, thread_buffers
+from stoker._stateful import is_stateful
 from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -692,6 +694,8 @@ class ThreadPool:
         board = self._board = HelpBoard(self._inboxes, config.probe)
         for wid in range(n):
             fetcher = shared if shared is not None else config.make_fetcher()
+            if shared is None and is_stateful(config.dataset):  # its state is each thread's
+                fetcher.dataset = copy.deepcopy(config.dataset)
             args = WorkerArgs(
                 wid,
                 n,
