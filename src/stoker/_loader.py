@@ -6,6 +6,7 @@ process when ``num_workers == 0`` and by workers otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -579,6 +580,10 @@ class DataLoader(Generic[T_co]):
             snapshot = empty(tuple(self._tuner.decisions) if self._tuner is not None else ())
         else:
             snapshot = stats.snapshot()
+        if self._iterable:
+            cur = self._current
+            stateful = (cur is not None and cur.stream is not None) or is_stateful(self.dataset)
+            snapshot = dataclasses.replace(snapshot, resume="state" if stateful else "replay")
         return _cache.with_cache(snapshot, self.dataset)
 
     def _autotuner(self) -> Autotuner | None:
