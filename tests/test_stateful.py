@@ -161,8 +161,9 @@ def test_state_names_each_workers_state() -> None:
     for _ in range(3):  # worker 0, 1, 0
         next(it)
     stream = loader.state_dict()["stream"]
-    assert stream["workers"] == [{"dataset": {"pos": 4}, "iterator": None}] + [
-        {"dataset": {"pos": 2}, "iterator": None}
+    assert stream["workers"] == [
+        {"dataset": {"pos": 4}, "iterator": None},
+        {"dataset": {"pos": 2}, "iterator": None},
     ]
     assert (stream["next_worker"], stream["replay"], stream["num_workers"]) == (1, 0, 2)
     del it

@@ -79,7 +79,7 @@ def test_each_loader_refuses_the_others_state(workers: int) -> None:
         their_state = theirs.state_dict()
         del it
         ours = S.StatefulDataLoader(list(range(10)), **kw)
-        with pytest.raises(ValueError, match="torchdata's.*not stoker's"):
+        with pytest.raises(ValueError, match=r"torchdata's.*not stoker's"):
             ours.load_state_dict(their_state)
         it = iter(ours)
         next(it)
