@@ -243,10 +243,10 @@ class MultiWorkerIterator:
             return  # a result of an abandoned epoch (a batch's slot returns as it dies)
         if isinstance(msg, Probe):  # a worker's first samples, timed (autotune)
             return self._autotune(msg) if self._tuner is not None else None
-        if isinstance(msg, Snapshot):  # a stateful stream's worker state, before its batch
-            return self._dispatch.snapshot(msg)
         if isinstance(msg, (Loaded, LoadedGroup)):
             self._stats.busy[wid] += msg.busy  # the worker's fetch + collate seconds
+        elif isinstance(msg, Snapshot):  # a stateful stream's worker state, before its batch
+            return self._dispatch.snapshot(msg)
         self._dispatch.answered(wid, msg)
 
     # -- statistics and autotune -------------------------------------------------------
