@@ -215,3 +215,22 @@ def test_snapshot_every_n_steps_replays_since_the_last_snapshot(every: int) -> N
 def test_snapshot_every_n_steps_is_checked(bad: Any) -> None:
     with pytest.raises((TypeError, ValueError), match="snapshot_every_n_steps"):
         DataLoader(Counting(4), snapshot_every_n_steps=bad)
+
+
+def test_auto_workers_replay_a_stateful_stream() -> None:
+    """``num_workers="auto"`` may find another count on resume: its checkpoint keeps no
+    worker states, and the stream is replayed (exact, as any replay), statistics say so."""
+
+    def make() -> DataLoader[Any]:
+        return DataLoader(Counting(12), batch_size=2, num_workers="auto")
+
+    full = _values(_batches(make()))
+    saver = make()
+    it = iter(saver)
+    head = [np.asarray(next(it)).tolist() for _ in range(2)]
+    state = saver.state_dict()
+    del it
+    assert state["stream"] is None and saver.statistics().resume == "replay"
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert _values(head) + _values(_batches(fresh)) == full

@@ -416,7 +416,7 @@ class DataLoader(Generic[T_co]):
                 skipped=resume["skipped"],
                 skip_cap=cap,
             )
-        if self._iterable:
+        if self._iterable and self.num_workers != "auto":  # "auto": workers vary, replayed
             self._current.make_stream = functools.partial(
                 StreamLog, self._stream_workers(), self.snapshot_every_n_steps
             )
@@ -425,8 +425,9 @@ class DataLoader(Generic[T_co]):
         return self._current
 
     def _stream_workers(self) -> int:
-        """The worker count a stateful stream's checkpoint names (0: in process)."""
-        return 0 if self.num_workers == "auto" else int(self.num_workers)
+        """The worker count a stateful stream's checkpoint names (0: in process; "auto"
+        keeps no states: the count it finds may differ on resume)."""
+        return -1 if self.num_workers == "auto" else int(self.num_workers)
 
     def _sampler_state(self) -> dict[str, Any] | None:
         get = getattr(self._index_sampler, "state_dict", None)
@@ -582,7 +583,9 @@ class DataLoader(Generic[T_co]):
             snapshot = stats.snapshot()
         if self._iterable:
             cur = self._current
-            stateful = (cur is not None and cur.stream is not None) or is_stateful(self.dataset)
+            stateful = (cur is not None and cur.stream is not None) or (
+                is_stateful(self.dataset) and self.num_workers != "auto"
+            )
             snapshot = dataclasses.replace(snapshot, resume="state" if stateful else "replay")
         return _cache.with_cache(snapshot, self.dataset)
 

@@ -233,7 +233,8 @@ class Dispatcher:
         batch follows); the epoch's stream log starts with the first."""
         epoch = self._epoch_state
         if epoch.stream is None:
-            assert epoch.make_stream is not None  # an iterable dataset's epoch
+            if epoch.make_stream is None:  # num_workers="auto": the stream is replayed
+                return
             epoch.stream = epoch.make_stream(None)
         epoch.stream.arrived(self._window.batch_of(msg.idx), msg.state)
 

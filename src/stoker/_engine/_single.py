@@ -133,7 +133,8 @@ class SingleProcessIterator:
         self._yielded += 1
         if self._iterable:
             self._epochs.delivered(self._yielded)
-            if self._stream_fetcher is not None and self._stream_fetcher.stateful:
+            fetcher = self._stream_fetcher
+            if fetcher is not None and fetcher.stateful and self._epoch.make_stream is not None:
                 self._start_stream()  # the dataset's iterator turned out stateful
         return data
 
