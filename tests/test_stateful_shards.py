@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import stoker
 from stoker.formats import ShardIterable, ShardWriter
+from test_stateful import _batches, _resumed
 
 
 def _shards(tmp_path: Path, n: int, maxcount: int) -> list[str]:
@@ -104,15 +104,8 @@ def test_loader_resumes_shards_at_every_batch(tmp_path: Path, persistent: bool) 
         ds = _reader(shards, 3)
         return stoker.DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=persistent)
 
-    full = [np.asarray(b).tolist() for b in make()]
-    loader = make()
+    full = _batches(make())
     for cut in range(len(full) + 1):
-        saver = loader if persistent else make()
-        it = iter(saver)
-        head = [np.asarray(next(it)).tolist() for _ in range(cut)]
-        state = json.loads(json.dumps(saver.state_dict()))
-        del it
-        fresh = saver if persistent else make()
-        fresh.load_state_dict(state)
-        assert head + [np.asarray(b).tolist() for b in fresh] == full, cut
-        assert fresh.statistics().resume == "state"
+        head, rest, loader = _resumed(make, cut, same_loader=persistent)
+        assert head + rest == full, cut
+        assert loader.statistics().resume == "state"

@@ -392,27 +392,18 @@ class DataLoader(Generic[T_co]):
             state = drawn()
         cap = self._skip_cap()
         stream = resume.get("stream") if resume is not None else None
-        if stream is not None:  # each worker resumes from its state: nothing is fetched again
+        if resume is None or (stream is None and resume["dataset"] is not None):
+            self._current = Epoch(number, seed, tasks, state, skip_cap=cap)  # or it resumes itself
+        else:  # a stateful stream's workers resume from their states: nothing fetched again
+            at = resume if stream is None else stream
             self._current = Epoch(
                 number,
                 seed,
                 tasks,
                 state,
-                delivered=stream["delivered"],
-                delivered_beyond=frozenset(stream["delivered_beyond"]),
-                skip_cap=cap,
-            )
-        elif resume is None or resume["dataset"] is not None:  # the dataset resumes itself
-            self._current = Epoch(number, seed, tasks, state, skip_cap=cap)
-        else:
-            self._current = Epoch(
-                number,
-                seed,
-                tasks,
-                state,
-                delivered=resume["delivered"],
-                delivered_beyond=frozenset(resume["delivered_beyond"]),
-                refetch=self._iterable,
+                delivered=at["delivered"],
+                delivered_beyond=frozenset(at["delivered_beyond"]),
+                refetch=self._iterable and stream is None,
                 skipped=resume["skipped"],
                 skip_cap=cap,
             )
