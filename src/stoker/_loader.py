@@ -79,8 +79,7 @@ class DataLoader(Generic[T_co]):
         worker_mode: ``"process"``, ``"thread"``, or ``"auto"`` (chosen by measuring).
         skip_errors: 0 raises, as torch does; an int ``n`` or a fraction in (0, 1) skips
             up to that many failing samples per epoch, the same ones every run.
-        snapshot_every_n_steps: torchdata's: how often workers' states of a stateful
-            iterable dataset are kept for ``state_dict()`` (1: every batch; None: never).
+        snapshot_every_n_steps: torchdata's (see :meth:`state_dict`).
 
     Raises:
         ValueError: for contradictory or out-of-range arguments, as torch raises.

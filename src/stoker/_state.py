@@ -13,9 +13,7 @@ being fetched on resume. ``sampler`` is the batch sampler's state that draws the
 again (on a torch stream, the generator's state before its draw, as base64). ``length``,
 ``batch_size`` and ``drop_last`` describe the saving loader; one that differs refuses the
 state. ``skipped`` counts samples left out by ``skip_errors``, so the cap holds across a
-resume. ``stream`` (absent, or None, unless an iterable dataset or its iterator follows the
-``Stateful`` protocol, :mod:`stoker._stateful`) holds each worker's own state: the epoch
-resumes from it instead of fetching its delivered batches again.
+resume. ``stream``: stateful streams' worker states, or None.
 """
 
 from __future__ import annotations
@@ -70,8 +68,7 @@ class Epoch:
         sampler_state: the batch sampler's state before this epoch was drawn, or None.
         skipped: samples of this epoch's delivered batches skipped as failing to load.
         skip_cap: how many may be skipped (0: none, a failing sample raises).
-        stream: a stateful iterable dataset's workers' states (:mod:`stoker._stateful`),
-            or None (the stream is replayed on resume).
+        stream: a stateful stream's workers' states, or None.
     """
 
     stream: StreamLog | None = None
@@ -174,13 +171,7 @@ def check_state(sd: object) -> dict[str, Any]:
             f"load_state_dict expects the dict returned by DataLoader.state_dict(), got "
             f"{type(sd).__name__}."
         )
-    if any(k in sd for k in _TORCHDATA_KEYS):
-        raise ValueError(
-            "DataLoader state is torchdata's (a StatefulDataLoader's, with keys "
-            f"{sorted(k for k in sd if k in _TORCHDATA_KEYS)}), not stoker's: stoker cannot "
-            "resume from it. Resume with the loader that saved it, or save the state with "
-            "stoker's DataLoader (stoker.torch.StatefulDataLoader is one)."
-        )
+    _refuse_torchdata(sd)
     missing = [k for k in _KEYS if k not in sd]
     unknown = sorted(set(sd) - set(_KEYS) - set(_CHECKED_KEYS))
     if missing or unknown:
@@ -224,6 +215,17 @@ def check_state(sd: object) -> dict[str, Any]:
         )
     _check_stream(sd.get("stream"))
     return dict(sd)
+
+
+def _refuse_torchdata(sd: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` for a state of torchdata's ``StatefulDataLoader``."""
+    if any(k in sd for k in _TORCHDATA_KEYS):
+        raise ValueError(
+            "DataLoader state is torchdata's (a StatefulDataLoader's, with keys "
+            f"{sorted(k for k in sd if k in _TORCHDATA_KEYS)}), not stoker's: stoker cannot "
+            "resume from it. Resume with the loader that saved it, or save the state with "
+            "stoker's DataLoader (stoker.torch.StatefulDataLoader is one)."
+        )
 
 
 def _check_stream(stream: object) -> None:

@@ -7,12 +7,10 @@ last delivered batch (a :class:`StreamLog`), and a resumed epoch hands each work
 own back, so no sample before the checkpoint is produced again. Without the protocol the
 loader replays the stream (:mod:`stoker._state`).
 
-A worker's state is ``{"dataset": ..., "iterator": ...}``: each part the object's own
-``state_dict()``, or None where it has none (one part only when ``__iter__`` returns the
-dataset itself). ``snapshot_every_n_steps=N`` keeps the checkpoint at the last multiple of
-``N`` delivered batches and fetches the batches since it again on resume (at most ``N - 1``),
-as torchdata's ``StatefulDataLoader`` does; workers then send their states only near those
-steps. Pure bookkeeping: no processes, no I/O.
+A worker's state is ``{"dataset": ..., "iterator": ...}``, each part the object's own
+``state_dict()`` or None. ``snapshot_every_n_steps=N`` keeps the states at the last multiple
+of ``N`` delivered batches, and the batches since are fetched again on resume, as in
+torchdata's ``StatefulDataLoader``. Pure bookkeeping: no processes, no I/O.
 """
 
 from __future__ import annotations

@@ -40,10 +40,6 @@ class LoaderStatistics:
         prefetch_factor: tasks in flight per worker allowed now (None in process).
         autotune: the autotuner's decisions, oldest first (empty without ``"auto"``).
         cache: what the dataset's cache (:func:`stoker.cached`) did, over all workers.
-        resume: how ``load_state_dict`` resumes this loader's epoch: ``"skip"`` (map-style:
-            the delivered batches are not fetched), ``"state"`` (a stateful iterable
-            dataset: its workers' states), ``"replay"`` (an iterable dataset without
-            ``state_dict``: its delivered batches are fetched again and dropped).
     """
 
     batches: int
@@ -60,7 +56,7 @@ class LoaderStatistics:
     prefetch_factor: int | None
     autotune: tuple[str, ...]
     cache: CacheStatistics | None = None
-    resume: str = "skip"
+    resume: str = "skip"  # how a checkpoint resumes the epoch: "skip", "state" or "replay"
 
     @property
     def samples_per_second(self) -> float:

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 Sends = dict[int, list[Task]]
 """Each worker's tasks of one refill (one message per worker)."""
-Answer = Loaded | LoadedGroup | Exhausted | Failed
-"""A worker's answer to a task, as the pool decodes it."""
+Answer = Loaded | LoadedGroup | Exhausted | Failed | Snapshot
+"""A worker's answer to a task, as the pool decodes it (a stateful stream's state first)."""
 
 
 class Dispatcher:
@@ -207,6 +207,8 @@ class Dispatcher:
                 else:
                     window.put(j, (k, batch, msg.skipped[j - idx] if msg.skipped else None))
             return
+        if isinstance(msg, Snapshot):  # a stateful stream's worker state, before its batch
+            return self.snapshot(msg)
         k = window.answered(wid, idx)
         if isinstance(msg, Exhausted):
             window.exhausted(wid, idx)

@@ -26,15 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker._engine._dispatch import Dispatcher
 from stoker._engine._interrupts import raise_pending
-from stoker._engine._messages import (
-    Loaded,
-    LoadedGroup,
-    Probe,
-    Ready,
-    Snapshot,
-    StartFailed,
-    ToIterator,
-)
+from stoker._engine._messages import Loaded, LoadedGroup, Probe, Ready, StartFailed, ToIterator
 from stoker._engine._pin import pin
 from stoker._engine._pool import WorkerPool, make_pool
 from stoker._engine._single import SingleProcessIterator
@@ -245,8 +237,6 @@ class MultiWorkerIterator:
             return self._autotune(msg) if self._tuner is not None else None
         if isinstance(msg, (Loaded, LoadedGroup)):
             self._stats.busy[wid] += msg.busy  # the worker's fetch + collate seconds
-        elif isinstance(msg, Snapshot):  # a stateful stream's worker state, before its batch
-            return self._dispatch.snapshot(msg)
         self._dispatch.answered(wid, msg)
 
     # -- statistics and autotune -------------------------------------------------------

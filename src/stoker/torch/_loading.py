@@ -79,8 +79,7 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
         skip_errors: int | float = 0,
         snapshot_every_n_steps: int | None = 1,
     ) -> None:
-        # The default samplers are made here, as stoker.torch's classes, so that frameworks
-        # see torch's types; stoker's loader makes the same ones otherwise.
+        # Default samplers of stoker.torch's classes: frameworks see torch's types.
         default_sampler = sampler is None and batch_sampler is None
         if default_sampler and not is_iterable_dataset(dataset):
             if shuffle:
