@@ -18,6 +18,31 @@ import stoker
 from stoker import DataLoader, IterableDataset
 
 
+class SelfCursor(IterableDataset[int]):
+    """A dataset that is its own iterator (``__iter__`` returns self): its state is taken
+    once, as the iterator's, and loaded after ``__iter__`` (which resets it)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.items, self.pos = n, [], 0
+
+    def __iter__(self) -> SelfCursor:
+        wid, count = _share()
+        self.items, self.pos = list(range(wid, self.n, count)), 0
+        return self
+
+    def __next__(self) -> int:
+        if self.pos >= len(self.items):
+            raise StopIteration
+        self.pos += 1
+        return self.items[self.pos - 1]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
 def _share() -> tuple[int, int]:
     info = stoker.get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
@@ -140,15 +165,24 @@ def test_stateful_stream_resumes_at_every_batch(kw: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("kw", [LOADERS["in process"], LOADERS["2 processes"]], ids=str)
-def test_stateful_iterator_resumes_without_replay(kw: dict[str, Any]) -> None:
-    """The iterator ``__iter__`` returns may be what holds the state: it is asked and
-    resumed (its dataset has none)."""
+@pytest.mark.parametrize("kind", [CursorStream, SelfCursor])
+def test_stateful_iterator_resumes_without_replay(kw: dict[str, Any], kind: type) -> None:
+    """The iterator ``__iter__`` returns may be what holds the state (its dataset has
+    none, or is that iterator): it is asked, and resumed after ``__iter__``; one state
+    per worker, as the iterator's."""
 
     def make() -> DataLoader[Any]:
-        return DataLoader(CursorStream(20), batch_size=3, **kw)
+        return DataLoader(kind(20), batch_size=3, **kw)
 
     full = _batches(make())
     for cut in (1, len(full) // 2, len(full) - 1):
+        saver = make()
+        it = iter(saver)
+        head = [np.asarray(next(it)).tolist() for _ in range(cut)]
+        workers = saver.state_dict()["stream"]["workers"]
+        del it
+        assert all(w is None or w["dataset"] is None for w in workers)
+        assert any(w is not None and w["iterator"] for w in workers)
         head, rest, _ = _resumed(make, cut, same_loader=False)
         assert head + rest == full, cut
 
