@@ -93,7 +93,13 @@ def test_each_loader_refuses_the_others_state(workers: int) -> None:
 
 
 def test_stateful_dataloader_is_stokers_and_torchs() -> None:
-    """The name is stoker.torch's DataLoader under torchdata's name: a torch DataLoader."""
+    """The name is stoker.torch's DataLoader under torchdata's name: a torch DataLoader;
+    as torchdata's, it takes an empty state as no state at all."""
+    ours = S.StatefulDataLoader(list(range(6)), batch_size=2)
+    theirs = torchdata_sdl.StatefulDataLoader(list(range(6)), batch_size=2)
+    for loader in (ours, theirs):
+        loader.load_state_dict({})
+    assert [b.tolist() for b in ours] == [b.tolist() for b in theirs] == [[0, 1], [2, 3], [4, 5]]
     assert issubclass(S.StatefulDataLoader, S.DataLoader)
     assert issubclass(S.StatefulDataLoader, torch.utils.data.DataLoader)
     assert S.StatefulDataLoader.__module__ == "stoker.torch"

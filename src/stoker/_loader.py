@@ -747,6 +747,13 @@ class StatefulDataLoader(DataLoader[T_co]):
     (``state_dict()`` mid-epoch, ``snapshot_every_n_steps``, the ``Stateful`` protocol); its
     state is stoker's, which torchdata's loader refuses, and the other way round."""
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """:meth:`DataLoader.load_state_dict`; an empty dict, as in torchdata, changes
+        nothing (the next ``iter`` starts where it would have)."""
+        if isinstance(state_dict, dict) and not state_dict:
+            return
+        super().load_state_dict(state_dict)
+
 
 def _check_snapshot_every(every: object) -> None:
     """Validate ``snapshot_every_n_steps``: an int >= 0, or None (torchdata's meaning)."""
