@@ -109,3 +109,20 @@ def test_loader_resumes_shards_at_every_batch(tmp_path: Path, persistent: bool) 
         head, rest, loader = _resumed(make, cut, same_loader=persistent)
         assert head + rest == full, cut
         assert loader.statistics().resume == "state"
+
+
+def test_remote_shards_resume_exactly() -> None:
+    """Remote shards (fsspec's memory://, no cache) resume from the position too: the
+    stream opened at its byte, the buffered samples read back by range."""
+    pytest.importorskip("fsspec")
+    with ShardWriter("memory://resume/s-%02d.tar", maxcount=5) as w:
+        for i in range(18):
+            w.write({"cls": i, "bin": bytes([i]) * 600})
+    full = list(_reader(w.shards, 4))
+    for cut in (3, 11, 16):
+        saver = _reader(w.shards, 4)
+        stream = iter(saver)
+        head = [next(stream) for _ in range(cut)]
+        fresh = _reader(w.shards, 4)
+        fresh.load_state_dict(json.loads(json.dumps(saver.state_dict())))
+        assert head + list(fresh) == full, cut
