@@ -9,6 +9,7 @@ their state), one that lost a state would skip or repeat them.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import numpy as np
@@ -268,3 +269,19 @@ def test_auto_workers_replay_a_stateful_stream() -> None:
     fresh = make()
     fresh.load_state_dict(state)
     assert _values(head) + _values(_batches(fresh)) == full
+
+
+class _Locked(Counting):
+    """A stateful stream that cannot be copied (it holds a lock)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.lock = threading.Lock()
+
+
+def test_thread_workers_warn_when_a_stateful_dataset_cannot_be_copied() -> None:
+    """Each thread gets a copy of a stateful dataset; one that cannot be copied is shared,
+    with a warning saying that its checkpoint will not resume exactly, and why."""
+    loader = DataLoader(_Locked(8), batch_size=2, num_workers=2, worker_mode="thread")
+    with pytest.warns(UserWarning, match="cannot be copied for each thread"):
+        assert _batches(loader)  # (shared, the threads' positions interleave)

@@ -314,6 +314,24 @@ def make_pool(
     return pool, config.pin_device
 
 
+def _thread_copy(dataset: Any) -> Any:
+    """A thread worker's own copy of a stateful iterable dataset (as a process has its
+    own), or, where it cannot be copied, the dataset itself, with a warning: the threads'
+    states then share one object, and a checkpoint of them cannot resume exactly."""
+    try:
+        return copy.deepcopy(dataset)
+    except Exception as exc:
+        warnings.warn(
+            f"worker_mode='thread': the stateful dataset {type(dataset).__name__} cannot be "
+            f"copied for each thread ({type(exc).__name__}: {exc}), so the threads share it "
+            "and their states collide: a checkpoint will not resume exactly. Make it "
+            "copyable (copy.deepcopy), or use process workers.",
+            UserWarning,
+            stacklevel=2,
+        )
+        return dataset
+
+
 class ProcessPool:
     """Worker processes with the shared-memory transport (see the module docstring)."""
 
@@ -695,7 +713,7 @@ class ThreadPool:
         for wid in range(n):
             fetcher = shared if shared is not None else config.make_fetcher()
             if shared is None and is_stateful(config.dataset):  # its state is each thread's
-                fetcher.dataset = copy.deepcopy(config.dataset)
+                fetcher.dataset = _thread_copy(config.dataset)
             args = WorkerArgs(
                 wid,
                 n,
