@@ -223,7 +223,7 @@ def test_other_worker_count_is_refused() -> None:
             DataLoader(Counting(30), batch_size=2, num_workers=workers).load_state_dict(state)
 
 
-@pytest.mark.parametrize("every", [0, 2, 3, 4])
+@pytest.mark.parametrize("every", [0, 3])
 def test_snapshot_every_n_steps_replays_since_the_last_snapshot(every: int) -> None:
     """With ``snapshot_every_n_steps=N`` the states kept are those at the last multiple
     of N batches (0: the epoch's start), and the batches since are fetched again and
