@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import functools
 import os
 import random
@@ -479,8 +480,10 @@ class _Sink:
         raise NotImplementedError
 
     def snapshot(self, task: Task) -> None:
-        """Send the state of a stateful iterable dataset after ``task``'s batch, before it."""
-        self.send(Snapshot(task.generation, task.idx, self.fetcher.state()))  # type: ignore[union-attr]
+        """Send the state of a stateful iterable dataset after ``task``'s batch, before it
+        (a copy: the main process keeps it while the dataset goes on, in this process)."""
+        state = copy.deepcopy(self.fetcher.state())  # type: ignore[union-attr]
+        self.send(Snapshot(task.generation, task.idx, state))
 
     def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
         """Send a group's batches (a :class:`RemoteError` for each that raised)."""
