@@ -19,31 +19,6 @@ import stoker
 from stoker import DataLoader, IterableDataset
 
 
-class SelfCursor(IterableDataset[int]):
-    """A dataset that is its own iterator (``__iter__`` returns self): its state is taken
-    once, as the iterator's, and loaded after ``__iter__`` (which resets it)."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.items, self.pos = n, [], 0
-
-    def __iter__(self) -> SelfCursor:
-        wid, count = _share()
-        self.items, self.pos = list(range(wid, self.n, count)), 0
-        return self
-
-    def __next__(self) -> int:
-        if self.pos >= len(self.items):
-            raise StopIteration
-        self.pos += 1
-        return self.items[self.pos - 1]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.pos = state["pos"]
-
-
 def _share() -> tuple[int, int]:
     info = stoker.get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
@@ -96,6 +71,20 @@ class _Cursor:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.pos = state["pos"]
+
+
+class SelfCursor(_Cursor, IterableDataset[int]):
+    """A dataset that is its own iterator (``__iter__`` returns self): its state is taken
+    once, as the iterator's, and loaded after ``__iter__`` (which resets it)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__([])
+        self.n = n
+
+    def __iter__(self) -> SelfCursor:
+        wid, count = _share()
+        self.items, self.pos = list(range(wid, self.n, count)), 0
+        return self
 
 
 class CursorStream(IterableDataset[Any]):
