@@ -57,7 +57,12 @@ def test_dataloader_signature_matches_torch() -> None:
         (p.name, p.kind, p.default) for p in theirs
     ]
     extra = ours[len(theirs) :]
-    assert [p.name for p in extra] == ["tensor_type", "worker_mode", "skip_errors"]
+    assert [p.name for p in extra] == [
+        "tensor_type",
+        "worker_mode",
+        "skip_errors",
+        "snapshot_every_n_steps",
+    ]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
 
 

@@ -112,7 +112,12 @@ def test_signatures_and_defaults_as_torch() -> None:
             expected[-1] = (*expected[-1][:2], None)
         assert _params(ours)[: len(expected)] == expected, name
     extra = list(inspect.signature(S.DataLoader.__init__).parameters.values())[18:]
-    assert [p.name for p in extra] == ["tensor_type", "worker_mode", "skip_errors"]
+    assert [p.name for p in extra] == [
+        "tensor_type",
+        "worker_mode",
+        "skip_errors",
+        "snapshot_every_n_steps",
+    ]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
 
 

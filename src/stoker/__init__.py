@@ -24,7 +24,7 @@ if TYPE_CHECKING:
         random_split,
     )
     from stoker._distributed import DistributedSampler, ShardedIterable
-    from stoker._loader import DataLoader
+    from stoker._loader import DataLoader, StatefulDataLoader
     from stoker._sampler import (
         BatchSampler,
         RandomSampler,
@@ -59,6 +59,7 @@ _HOME = {
     "BatchSampler": "_sampler",
     "RandomSampler": "_sampler",
     "Sampler": "_sampler",
+    "StatefulDataLoader": "_loader",
     "SequentialSampler": "_sampler",
     "SubsetRandomSampler": "_sampler",
     "WeightedRandomSampler": "_sampler",
@@ -106,6 +107,7 @@ __all__ = [
     "SequentialSampler",
     "ShardedIterable",
     "StackDataset",
+    "StatefulDataLoader",
     "StringArray",
     "Subset",
     "SubsetRandomSampler",

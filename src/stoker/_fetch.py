@@ -14,6 +14,7 @@ import numpy as np
 from stoker._batch import Alloc, set_output_alloc
 from stoker._collate import DefaultCollate
 from stoker._dataset import draws_nothing
+from stoker._stateful import is_stateful, resumed_iterator, take_state
 
 CollateFn = Callable[[Any], Any]
 MapFn = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
@@ -130,7 +131,9 @@ class IterableFetcher:
     """Fetches from an iterable dataset: ``batch_size`` samples per task, or one sample.
 
     Raises ``StopIteration`` when the dataset is exhausted (or, with ``drop_last``, when
-    fewer than ``batch_size`` samples remain).
+    fewer than ``batch_size`` samples remain). ``resume``: a worker's state
+    (:func:`~stoker._stateful.take_state`) the next iterator starts from; ``stateful``:
+    whether the dataset or the current iterator has a state to take (:meth:`state`).
     """
 
     def __init__(
@@ -149,13 +152,21 @@ class IterableFetcher:
         self.batch_size = batch_size
         self._it: Iterator[Any] | None = None
         self.ended = False
+        self.resume: dict[str, Any] | None = None
+        self.stateful = is_stateful(dataset)
+
+    def state(self) -> dict[str, Any]:
+        """The state of the dataset and its iterator after the last batch fetched."""
+        return take_state(self.dataset, self._it)
 
     def fetch(self, _index: Any = None, alloc: Alloc | None = None) -> Any:
         """The next batch (or sample) of the dataset's iterator."""
         if self.ended:
             raise StopIteration
         if self._it is None:
-            self._it = iter(self.dataset)
+            self._it = resumed_iterator(self.dataset, self.resume)
+            self.resume = None
+            self.stateful = is_stateful(self.dataset) or is_stateful(self._it)
         if self.auto_collation:
             assert self.batch_size is not None
             data = []

@@ -6,6 +6,7 @@ process when ``num_workers == 0`` and by workers otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -33,6 +34,7 @@ from stoker._sampler import (
     check_sampler_state,
 )
 from stoker._state import STATE_VERSION, Epoch, check_state
+from stoker._stateful import StreamLog, is_stateful
 from stoker._stats import LoaderStatistics, empty
 from stoker.errors import ArgumentError
 
@@ -77,6 +79,7 @@ class DataLoader(Generic[T_co]):
         worker_mode: ``"process"``, ``"thread"``, or ``"auto"`` (chosen by measuring).
         skip_errors: 0 raises, as torch does; an int ``n`` or a fraction in (0, 1) skips
             up to that many failing samples per epoch, the same ones every run.
+        snapshot_every_n_steps: torchdata's (see :meth:`state_dict`).
 
     Raises:
         ValueError: for contradictory or out-of-range arguments, as torch raises.
@@ -124,8 +127,10 @@ class DataLoader(Generic[T_co]):
         tensor_type: str | None = None,
         worker_mode: str = "process",
         skip_errors: int | float = 0,
+        snapshot_every_n_steps: int | None = 1,
     ) -> None:
         _check_num_workers(num_workers)
+        _check_snapshot_every(snapshot_every_n_steps)
         if timeout < 0:
             raise ValueError(
                 f"timeout option should be non-negative, got timeout={timeout}; pass the seconds "
@@ -170,6 +175,7 @@ class DataLoader(Generic[T_co]):
         self.tensor_type = tensor_type
         self.worker_mode = worker_mode
         self.generator = generator
+        self.snapshot_every_n_steps = snapshot_every_n_steps
 
         self._iterable = is_iterable_dataset(dataset)
         self.skip_errors: int | float = (
@@ -395,21 +401,34 @@ class DataLoader(Generic[T_co]):
         if callable(drawn) and state is not None and self._sampler_state() != state:
             state = drawn()
         cap = self._skip_cap()
-        if resume is None or resume["dataset"] is not None:  # the dataset resumes itself
-            self._current = Epoch(number, seed, tasks, state, skip_cap=cap)
-        else:
+        stream = resume.get("stream") if resume is not None else None
+        if resume is None or (stream is None and resume["dataset"] is not None):
+            self._current = Epoch(number, seed, tasks, state, skip_cap=cap)  # or it resumes itself
+        else:  # a stateful stream's workers resume from their states: nothing fetched again
+            at = resume if stream is None else stream
             self._current = Epoch(
                 number,
                 seed,
                 tasks,
                 state,
-                delivered=resume["delivered"],
-                delivered_beyond=frozenset(resume["delivered_beyond"]),
-                refetch=self._iterable,
+                delivered=at["delivered"],
+                delivered_beyond=frozenset(at["delivered_beyond"]),
+                refetch=self._iterable and stream is None,
                 skipped=resume["skipped"],
                 skip_cap=cap,
             )
+        if self._iterable and self.num_workers != "auto":  # "auto": workers vary, replayed
+            self._current.make_stream = functools.partial(
+                StreamLog, self._stream_workers(), self.snapshot_every_n_steps
+            )
+            if stream is not None or is_stateful(self.dataset):
+                self._current.stream = self._current.make_stream(stream)
         return self._current
+
+    def _stream_workers(self) -> int:
+        """The worker count a stateful stream's checkpoint names (0: in process; "auto"
+        keeps no states: the count it finds may differ on resume)."""
+        return -1 if self.num_workers == "auto" else int(self.num_workers)
 
     def _sampler_state(self) -> dict[str, Any] | None:
         get = getattr(self._index_sampler, "state_dict", None)
@@ -421,8 +440,11 @@ class DataLoader(Generic[T_co]):
         Taken after any batch, ``load_state_dict`` on a loader over the same dataset resumes
         at the next batch, and the rest of the epoch is bit-identical to an uninterrupted run:
         for map-style datasets with any ``num_workers`` and ``worker_mode``, for iterable
-        datasets with the same ``num_workers`` (their delivered batches are fetched again and
-        dropped, unless the dataset has its own ``state_dict`` and loads in process).
+        datasets with the same ``num_workers``. An iterable dataset whose copy in each
+        worker, or whose iterator, has ``state_dict`` / ``load_state_dict`` (torchdata's
+        ``Stateful``) resumes from its workers' states, as of the last batch delivered (or
+        the last multiple of ``snapshot_every_n_steps``: the batches since are fetched
+        again); any other is replayed: its delivered batches are fetched again and dropped.
         A sampler without ``state_dict`` (e.g. torch's) is iterated afresh on resume: exact
         only if it gives the same order again.
 
@@ -437,7 +459,9 @@ class DataLoader(Generic[T_co]):
         else:
             epoch, delivered, beyond = cur.number, cur.prefix, sorted(cur.beyond)
             sampler, skipped = cur.sampler_state, cur.skipped
-        get_dataset_state = getattr(self.dataset, "state_dict", None)
+        stream = None
+        if cur is not None and not cur.finished and cur.stream is not None:
+            stream = cur.stream.checkpoint(cur.prefix, cur.beyond)
         return {
             "version": STATE_VERSION,
             "seed": self._seed(),
@@ -446,13 +470,12 @@ class DataLoader(Generic[T_co]):
             "delivered_beyond": beyond,
             "skipped": skipped,
             "sampler": sampler,
-            "dataset": get_dataset_state()
-            if get_dataset_state is not None and self._iterable and self.num_workers == 0
-            else None,
+            "dataset": None,
             "in_epoch": cur is not None and not cur.finished,
             "length": self._dataset_length(),
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
+            "stream": stream,
         }
 
     def _dataset_length(self) -> int | None:
@@ -517,11 +540,36 @@ class DataLoader(Generic[T_co]):
                 "DataLoader state holds a dataset state, but this loader's dataset "
                 f"({type(self.dataset).__name__}) has no load_state_dict: {fix}."
             )
+        stream = sd.get("stream")
+        if stream is not None:
+            self._check_stream_fits(stream, fix)
         if not self._iterable and sd["delivered"] > len(self):
             raise ValueError(
                 f"DataLoader state says {sd['delivered']} batches were delivered, but an "
                 f"epoch of this loader has {len(self)}: was it saved with another dataset "
                 "or batch size?"
+            )
+
+    def _check_stream_fits(self, stream: dict[str, Any], fix: str) -> None:
+        """Raise ``ValueError`` unless a stateful stream's part fits this loader."""
+        if not self._iterable:
+            raise ValueError(
+                "DataLoader state holds a stateful stream's worker states, but this loader's "
+                f"dataset ({type(self.dataset).__name__}) is map-style: {fix}."
+            )
+        if stream["num_workers"] != self._stream_workers():
+            raise ValueError(
+                f"DataLoader state holds the states of {stream['num_workers']} workers of a "
+                f"stateful stream, but this loader has num_workers={self.num_workers!r}: each "
+                "worker resumes its own part of the stream; resume with num_workers="
+                f"{stream['num_workers']}."
+            )
+        if not is_stateful(self.dataset) and any(
+            w is not None and w.get("dataset") is not None for w in stream["workers"]
+        ):
+            raise ValueError(
+                "DataLoader state holds a dataset state, but this loader's dataset "
+                f"({type(self.dataset).__name__}) has no load_state_dict: {fix}."
             )
 
     def statistics(self) -> LoaderStatistics:
@@ -534,6 +582,12 @@ class DataLoader(Generic[T_co]):
             snapshot = empty(tuple(self._tuner.decisions) if self._tuner is not None else ())
         else:
             snapshot = stats.snapshot()
+        if self._iterable:
+            cur = self._current
+            stateful = (cur is not None and cur.stream is not None) or (
+                is_stateful(self.dataset) and self.num_workers != "auto"
+            )
+            snapshot = dataclasses.replace(snapshot, resume="state" if stateful else "replay")
         return _cache.with_cache(snapshot, self.dataset)
 
     def _autotuner(self) -> Autotuner | None:
@@ -696,6 +750,35 @@ def _check_skip_errors(skip_errors: object) -> None:
     elif skip_errors < 0:
         raise ValueError(
             f"skip_errors must be >= 0 (0 raises on a failing sample), got {skip_errors}."
+        )
+
+
+class StatefulDataLoader(DataLoader[T_co]):
+    """torchdata's ``StatefulDataLoader`` name for :class:`DataLoader`, which is one already
+    (``state_dict()`` mid-epoch, ``snapshot_every_n_steps``, the ``Stateful`` protocol); its
+    state is stoker's, which torchdata's loader refuses, and the other way round."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """:meth:`DataLoader.load_state_dict`; an empty dict, as in torchdata, changes
+        nothing (the next ``iter`` starts where it would have)."""
+        if isinstance(state_dict, dict) and not state_dict:
+            return
+        super().load_state_dict(state_dict)
+
+
+def _check_snapshot_every(every: object) -> None:
+    """Validate ``snapshot_every_n_steps``: an int >= 0, or None (torchdata's meaning)."""
+    if every is None:
+        return
+    if not isinstance(every, (int, np.integer)) or isinstance(every, bool):
+        raise TypeError(
+            "snapshot_every_n_steps must be an int >= 1 (keep the workers' states every that "
+            f"many batches) or None (never), got {every!r}."
+        )
+    if every < 0:
+        raise ValueError(
+            f"snapshot_every_n_steps must be >= 0 (0 or None: never), got {every}; pass 1 to "
+            "keep the workers' states with every batch."
         )
 
 

@@ -13,17 +13,18 @@ being fetched on resume. ``sampler`` is the batch sampler's state that draws the
 again (on a torch stream, the generator's state before its draw, as base64). ``length``,
 ``batch_size`` and ``drop_last`` describe the saving loader; one that differs refuses the
 state. ``skipped`` counts samples left out by ``skip_errors``, so the cap holds across a
-resume.
+resume. ``stream``: stateful streams' worker states, or None.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from stoker._policy import INDICES_SHOWN
+from stoker._stateful import STREAM_KEYS, StreamLog
 
 _logger = logging.getLogger(__name__)
 
@@ -38,9 +39,14 @@ _KEYS = (
     "sampler",
     "dataset",
 )
-_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last")
+_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last", "stream")
 """Keys absent from older states: whether it was saved within an epoch (whose iterator
-had made its draws), and what describes the loader that saved it."""
+had made its draws), what describes the loader that saved it, and a stateful stream's
+workers' states."""
+
+
+_TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_iterator_finished")
+"""Keys of torchdata's ``StatefulDataLoader`` states (in process, and with workers)."""
 
 
 class Epoch:
@@ -62,7 +68,11 @@ class Epoch:
         sampler_state: the batch sampler's state before this epoch was drawn, or None.
         skipped: samples of this epoch's delivered batches skipped as failing to load.
         skip_cap: how many may be skipped (0: none, a failing sample raises).
+        stream: a stateful stream's workers' states, or None.
     """
+
+    stream: StreamLog | None = None
+    make_stream: Callable[[Mapping[str, Any] | None], StreamLog] | None = None
 
     def __init__(
         self,
@@ -100,11 +110,13 @@ class Epoch:
             return False
         if k != self.prefix:
             self.beyond.add(k)
-            return True
-        self.prefix += 1
-        while self.prefix in self.beyond:
-            self.beyond.remove(self.prefix)
+        else:
             self.prefix += 1
+            while self.prefix in self.beyond:
+                self.beyond.remove(self.prefix)
+                self.prefix += 1
+        if self.stream is not None:  # False while it replays the batches since a snapshot
+            return self.stream.seen(k, self.prefix, self.beyond)
         return True
 
     def skip(self, k: int, record: tuple[list[Any], str, bool]) -> None:
@@ -159,6 +171,7 @@ def check_state(sd: object) -> dict[str, Any]:
             f"load_state_dict expects the dict returned by DataLoader.state_dict(), got "
             f"{type(sd).__name__}."
         )
+    _refuse_torchdata(sd)
     missing = [k for k in _KEYS if k not in sd]
     unknown = sorted(set(sd) - set(_KEYS) - set(_CHECKED_KEYS))
     if missing or unknown:
@@ -200,4 +213,42 @@ def check_state(sd: object) -> dict[str, Any]:
             f"DataLoader state field 'sampler' must be a dict or None, got "
             f"{type(sd['sampler']).__name__}."
         )
+    _check_stream(sd.get("stream"))
     return dict(sd)
+
+
+def _refuse_torchdata(sd: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` for a state of torchdata's ``StatefulDataLoader``."""
+    if any(k in sd for k in _TORCHDATA_KEYS):
+        raise ValueError(
+            "DataLoader state is torchdata's (a StatefulDataLoader's, with keys "
+            f"{sorted(k for k in sd if k in _TORCHDATA_KEYS)}), not stoker's: stoker cannot "
+            "resume from it. Resume with the loader that saved it, or save the state with "
+            "stoker's DataLoader (stoker.torch.StatefulDataLoader is one)."
+        )
+
+
+def _check_stream(stream: object) -> None:
+    """Validate a state's ``"stream"`` part (None: no stateful stream)."""
+    if stream is None:
+        return
+    if not isinstance(stream, Mapping) or set(stream) != set(STREAM_KEYS):
+        found = sorted(stream) if isinstance(stream, Mapping) else type(stream).__name__
+        raise ValueError(
+            f"DataLoader state field 'stream' must be None or a dict with exactly the keys "
+            f"{list(STREAM_KEYS)}, got {found}: pass the dict DataLoader.state_dict() returned."
+        )
+    for key in ("num_workers", "every", "step", "replay", "next_worker", "delivered"):
+        value = stream[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(
+                f"DataLoader state field stream[{key!r}] must be an int >= 0, got {value!r}."
+            )
+    workers = stream["workers"]
+    if not isinstance(workers, (list, tuple)) or len(workers) != max(1, stream["num_workers"]):
+        raise ValueError(
+            "DataLoader state field stream['workers'] must hold one state per worker "
+            f"({max(1, stream['num_workers'])}), got {workers!r}."
+        )
+    if not all(w is None or isinstance(w, Mapping) for w in workers):
+        raise TypeError("DataLoader state field stream['workers'] must hold dicts or None.")

@@ -62,6 +62,7 @@ class LoaderStatistics:
     prefetch_factor: int | None
     autotune: tuple[str, ...]
     cache: CacheStatistics | None = None
+    resume: str = "skip"  # how a checkpoint resumes the epoch: "skip", "state" or "replay"
 
     @property
     def samples_per_second(self) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stoker._collate import DefaultCollate
-from stoker._engine._messages import Exhausted, Failed, Loaded, LoadedGroup, Task
+from stoker._engine._messages import Exhausted, Failed, Loaded, LoadedGroup, Snapshot, Task
 from stoker._engine._tail import Splits, mergeable, plan
 from stoker._engine._transport import RemoteError
 from stoker._engine._window import Failure
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 Sends = dict[int, list[Task]]
 """Each worker's tasks of one refill (one message per worker)."""
-Answer = Loaded | LoadedGroup | Exhausted | Failed
-"""A worker's answer to a task, as the pool decodes it."""
+Answer = Loaded | LoadedGroup | Exhausted | Failed | Snapshot
+"""A worker's answer to a task, as the pool decodes it (a stateful stream's state first)."""
 
 
 class Dispatcher:
@@ -97,6 +97,9 @@ class Dispatcher:
         self.drawn: list[tuple[int, Any]] | None = [] if self._may_switch else None
         self._seed, self._epoch, self._generation = epoch.seed, epoch.number, generation
         self._worker_seeds = worker_seeds
+        self._epoch_state = epoch
+        if epoch.stream is not None and epoch.stream.handover:  # a stateful stream resumes
+            window.start_at(epoch.stream.next_worker)  # where the round robin had come
         self.done = False  # the sampler has no more tasks this epoch
         self.first_task: Any = None  # the epoch's first task
 
@@ -119,6 +122,9 @@ class Dispatcher:
                 break
             k, task = got
             if self._iterable:  # the worker's seed for the epoch: it seeds itself once
+                stream = self._epoch_state.stream
+                if stream is not None:  # a stateful stream: the resume state, when to send
+                    task = stream.task(wid, k)
                 self._queue(sends, wid, [k], task, self._worker_seeds[wid])
             elif group > 1 and grouping and self._group_tasks:
                 self._queue_group(
@@ -201,6 +207,8 @@ class Dispatcher:
                 else:
                     window.put(j, (k, batch, msg.skipped[j - idx] if msg.skipped else None))
             return
+        if isinstance(msg, Snapshot):  # a stateful stream's worker state, before its batch
+            return self.snapshot(msg)
         k = window.answered(wid, idx)
         if isinstance(msg, Exhausted):
             window.exhausted(wid, idx)
@@ -209,6 +217,8 @@ class Dispatcher:
         if isinstance(msg, Loaded):
             item = (k, msg.batch, msg.skipped)
             self._note(msg, part)
+            if self._iterable and self._epoch_state.stream is not None:
+                self._epoch_state.stream.answered(k, wid)
         else:
             item = (k, Failure(msg.error), None)
         if not part:
@@ -219,6 +229,16 @@ class Dispatcher:
             window.put(first, (k, batch, None))
         if idx != first:  # the batch is delivered at its first part's place in the order
             window.skip(idx)
+
+    def snapshot(self, msg: Snapshot) -> None:
+        """A stateful iterable dataset's worker state after task ``msg.idx``'s batch (its
+        batch follows); the epoch's stream log starts with the first."""
+        epoch = self._epoch_state
+        if epoch.stream is None:
+            if epoch.make_stream is None:  # num_workers="auto": the stream is replayed
+                return
+            epoch.stream = epoch.make_stream(None)
+        epoch.stream.arrived(self._window.batch_of(msg.idx), msg.state)
 
     def _note(self, msg: Loaded, part: bool) -> None:
         """What a loaded batch (or ``part``) shows: load time, whether batches join, and

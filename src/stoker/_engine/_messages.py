@@ -5,8 +5,9 @@ refill), ``None`` (stop), and, between thread workers only, :class:`Help`. Worke
 :class:`Ready`, :class:`Inited`, :class:`StartFailed` and :class:`Bye` about the worker's
 life; :class:`Shipped` (process workers: a batch, or a group, in shared memory),
 :class:`Exhausted` and :class:`Failed` about tasks, :class:`Probe` about a first batch's
-samples (autotune). The pool hands the iterator decoded
-values: :class:`Loaded` / :class:`LoadedGroup` (a thread worker sends these itself),
+samples (autotune), :class:`Snapshot` (a stateful iterable dataset's state, before its
+batch). The pool hands the iterator decoded values: :class:`Loaded` /
+:class:`LoadedGroup` (a thread worker sends these itself),
 :class:`Exhausted`, :class:`Failed`, :class:`Ready` and :class:`StartFailed`; the iterator
 never sees a wire form. NamedTuples: they pickle almost as fast as plain tuples, and a
 message is read by field name, never by position.
@@ -144,6 +145,15 @@ class Probe(NamedTuple):
     nbytes: int
 
 
+class Snapshot(NamedTuple):
+    """Sent by a worker of a stateful iterable dataset before task ``idx``'s batch: the
+    state of its dataset copy and iterator after it (see :mod:`stoker._stateful`)."""
+
+    generation: int
+    idx: int
+    state: Any
+
+
 class Exhausted(NamedTuple):
     """Sent by a worker of an iterable dataset that has no more data this epoch."""
 
@@ -159,15 +169,15 @@ class Failed(NamedTuple):
     error: RemoteError
 
 
-FromWorker = Ready | Inited | StartFailed | Bye | Shipped | Exhausted | Failed | Probe
+FromWorker = Ready | Inited | StartFailed | Bye | Shipped | Exhausted | Failed | Probe | Snapshot
 """What a process worker sends (a thread worker sends :class:`Loaded` for Shipped)."""
-ToIterator = Ready | StartFailed | Loaded | LoadedGroup | Exhausted | Failed | Probe
+ToIterator = Ready | StartFailed | Loaded | LoadedGroup | Exhausted | Failed | Probe | Snapshot
 """What a pool hands the iterator."""
 LIFE = (Ready, Inited, Bye)
 """Messages about a worker's life, noted by its pool (only Ready is passed on)."""
 
 _WIRE: tuple[type[tuple[Any, ...]], ...] = (
-    Shipped, Work, Exhausted, Failed, Ready, Inited, StartFailed, Bye, Probe,
+    Shipped, Work, Exhausted, Failed, Ready, Inited, StartFailed, Bye, Probe, Snapshot,
 )  # fmt: skip
 _CODE = {kind: code for code, kind in enumerate(_WIRE)}
 _new = tuple.__new__

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import multiprocessing
 import multiprocessing.util
 import os
@@ -53,6 +54,7 @@ from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, add_note, decode, pack_tasks, safe_str, send
 from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
 from stoker._policy import slots_kept_free, steady_slots, thread_buffers
+from stoker._stateful import is_stateful
 from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -310,6 +312,24 @@ def make_pool(
     for w in pool.workers:
         w.maps.pins = pins
     return pool, config.pin_device
+
+
+def _thread_copy(dataset: Any) -> Any:
+    """A thread worker's own copy of a stateful iterable dataset (as a process has its
+    own), or, where it cannot be copied, the dataset itself, with a warning: the threads'
+    states then share one object, and a checkpoint of them cannot resume exactly."""
+    try:
+        return copy.deepcopy(dataset)
+    except Exception as exc:
+        warnings.warn(
+            f"worker_mode='thread': the stateful dataset {type(dataset).__name__} cannot be "
+            f"copied for each thread ({type(exc).__name__}: {exc}), so the threads share it "
+            "and their states collide: a checkpoint will not resume exactly. Make it "
+            "copyable (copy.deepcopy), or use process workers.",
+            UserWarning,
+            stacklevel=2,
+        )
+        return dataset
 
 
 class ProcessPool:
@@ -692,6 +712,8 @@ class ThreadPool:
         board = self._board = HelpBoard(self._inboxes, config.probe)
         for wid in range(n):
             fetcher = shared if shared is not None else config.make_fetcher()
+            if shared is None and is_stateful(config.dataset):  # its state is each thread's
+                fetcher.dataset = _thread_copy(config.dataset)
             args = WorkerArgs(
                 wid,
                 n,

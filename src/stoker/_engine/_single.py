@@ -41,6 +41,9 @@ class SingleProcessIterator:
         self._tuner = tuner = config.tuner  # the autotuner that chose to load in process
         self._epoch = epoch if epoch is not None else epochs.start()  # or one begun with workers
         fetcher = config.make_fetcher()
+        self._stream_fetcher: Any = fetcher if config.iterable else None
+        if config.iterable:
+            self._watch_stream(fetcher)
         self._fetch = fetcher.fetch_skipping
         self._seeded = fetcher.draws
         self._alloc = memory.buffers(IN_PROCESS_BUFFERS, shared=False).alloc
@@ -53,6 +56,17 @@ class SingleProcessIterator:
         if tuner is not None:
             self._stats.decisions = tuner.decisions
         memory.stats = self._stats
+
+    def _watch_stream(self, fetcher: Any) -> None:
+        """A stateful stream in process: it resumes from the state of the epoch's checkpoint,
+        and a checkpoint reads its state then (nothing travels per batch)."""
+        stream = self._epoch.stream
+        if stream is None:
+            return
+        if stream.handover:
+            fetcher.resume = stream.handover[0]
+        stream.live = fetcher.state
+        self._stream_fetcher = None  # watched
 
     @property
     def epoch(self) -> Epoch:
@@ -119,7 +133,17 @@ class SingleProcessIterator:
         self._yielded += 1
         if self._iterable:
             self._epochs.delivered(self._yielded)
+            fetcher = self._stream_fetcher
+            if fetcher is not None and fetcher.stateful and self._epoch.make_stream is not None:
+                self._start_stream()  # the dataset's iterator turned out stateful
         return data
+
+    def _start_stream(self) -> None:
+        epoch = self._epoch
+        assert epoch.make_stream is not None and self._stream_fetcher is not None
+        epoch.stream = epoch.make_stream(None)
+        epoch.stream.step = self._yielded
+        self._watch_stream(self._stream_fetcher)
 
     def __len__(self) -> int:
         return self._epochs.length()

@@ -69,6 +69,14 @@ class ReorderWindow:
         """Tasks sent and not yet out of the window."""
         return self.sent - self._left
 
+    def start_at(self, wid: int) -> None:
+        """The round robin's first task goes to worker ``wid`` (a resumed stream's turn)."""
+        self._round = wid % self.workers
+
+    def batch_of(self, idx: int) -> int:
+        """The batch number of task ``idx``, sent and not yet answered."""
+        return self._batch[idx]
+
     def add_worker(self) -> None:
         """One more worker takes tasks from now on."""
         self.outstanding.append(0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import functools
 import os
 import random
@@ -45,6 +46,7 @@ from stoker._engine._messages import (
     Probe,
     Ready,
     Shipped,
+    Snapshot,
     StartFailed,
     Task,
 )
@@ -63,6 +65,7 @@ from stoker._engine._transport import (
 from stoker._fetch import IterableFetcher, MapFetcher
 from stoker._policy import FAST_BATCH_S, INDICES_SHOWN, TAIL_SPLIT_MIN_S
 from stoker._random import batch_seeds, call_seeded, globals_untouched, mix_seed, seed_globals
+from stoker._stateful import StreamTask
 from stoker._worker_info import WorkerInfo, get_worker_info, set_worker_info
 
 _PR_SET_PDEATHSIG = 1
@@ -476,6 +479,12 @@ class _Sink:
         """Send a task's batch, fetched since ``started`` (``first``: the epoch's first)."""
         raise NotImplementedError
 
+    def snapshot(self, task: Task) -> None:
+        """Send the state of a stateful iterable dataset after ``task``'s batch, before it
+        (a copy: the main process keeps it while the dataset goes on, in this process)."""
+        state = copy.deepcopy(self.fetcher.state())  # type: ignore[union-attr]
+        self.send(Snapshot(task.generation, task.idx, state))
+
     def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
         """Send a group's batches (a :class:`RemoteError` for each that raised)."""
         raise NotImplementedError
@@ -566,6 +575,10 @@ class _ShmSink(_Sink):
         msg = Shipped(task.generation, task.idx, slot, payload, retired, busy, skipped, None, True)
         self.send(msg)
 
+    def snapshot(self, task: Task) -> None:
+        state = self.fetcher.state()  # type: ignore[union-attr]
+        self.outbox.send(Snapshot(task.generation, task.idx, state), hold=True)  # with the batch
+
     def abort(self) -> None:
         self.arena.abort()
 
@@ -651,6 +664,8 @@ def _serve(args: WorkerArgs, sink: _Sink) -> None:
             _reset_fetcher(fetcher)
             if iterable:
                 sink.epoch(task.seed)
+                if type(task.task) is StreamTask:  # a resumed stateful stream: its state
+                    fetcher.resume = task.task.state  # type: ignore[union-attr]
         seed = sink.seed_for(task)
         if iterable and fetcher.ended:  # type: ignore[union-attr]
             sink.send(Exhausted(task.generation, task.idx))
@@ -660,23 +675,25 @@ def _serve(args: WorkerArgs, sink: _Sink) -> None:
             if group:
                 _load_group(args, sink, task)
             else:
-                _load(sink, task, seed, first)
+                _load(sink, task, seed, first, iterable)
         except Exception as exc:  # the dataset's, collate's, or a batch that cannot cross
             sink.abort()
             if iterable and isinstance(exc, StopIteration):
                 sink.send(Exhausted(task.generation, task.idx))
             else:  # no local name for it: the frame must not keep it (see _failure)
-                sink.send(Failed(task.generation, task.idx, _failure(args, exc, task.task)))
+                where = None if iterable else task.task
+                sink.send(Failed(task.generation, task.idx, _failure(args, exc, where)))
         except _ParentDied:
             raise
         except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
             sink.abort()
-            raise _Ended(exc, _where(args, None if group else task.task)) from None
+            raise _Ended(exc, _where(args, None if group or iterable else task.task)) from None
 
 
-def _load(sink: _Sink, task: Task, seed: int | None, first: bool) -> None:
+def _load(sink: _Sink, task: Task, seed: int | None, first: bool, iterable: bool) -> None:
     """Fetch and ship one task's batch (its own frame: nothing of it outlives the call);
-    an epoch's first, timed for the autotuner if it asks."""
+    an epoch's first, timed for the autotuner if it asks; a stateful iterable dataset's
+    state before it, unless the task says none is needed (see :class:`StreamTask`)."""
     started = time.perf_counter()
     sink.begin()
     timer = None
@@ -686,7 +703,14 @@ def _load(sink: _Sink, task: Task, seed: int | None, first: bool) -> None:
     data, skipped = sink.fetch(task.task, seed, timer)
     if timer is not None:
         timer.finish()
+    if iterable and sink.fetcher.stateful and _wants_state(task.task):  # type: ignore[union-attr]
+        sink.snapshot(task)
     sink.ship(task, data, skipped, started, first)
+
+
+def _wants_state(task: Any) -> bool:
+    """Whether an iterable dataset's task asks for the worker's state after its batch."""
+    return task is None or (type(task) is StreamTask and task.snapshot)
 
 
 def _load_group(args: WorkerArgs, sink: _Sink, task: Task) -> None:

@@ -288,8 +288,12 @@ class _Tail:
             rest = more
 
 
-def iter_members(f: IO[bytes], where: str) -> Iterator[tuple[str, str, int, bytes]]:
-    """``(key, field, data_offset, data)`` of each file member of a tar read as a stream.
+def iter_members(
+    f: IO[bytes], where: str, base: int = 0
+) -> Iterator[tuple[str, str, int, bytes, int]]:
+    """``(key, field, data_offset, data, header_offset)`` of each file member of a tar read
+    as a stream; ``f`` positioned at byte ``base`` of the archive (a member's header), which
+    the offsets count from.
 
     Raises:
         TruncatedShardError: when the shard ends inside a member or without its end blocks,
@@ -311,7 +315,7 @@ def iter_members(f: IO[bytes], where: str) -> Iterator[tuple[str, str, int, byte
                 data = reader.read()
                 if len(data) != member.size:
                     raise tarfile.ReadError(f"got {len(data)} of {member.size} bytes")
-                yield key, field, member.offset_data, data
+                yield key, field, base + member.offset_data, data, base + member.offset
             if not tail.rest_is_end(tf.offset):
                 raise tarfile.ReadError(
                     f"the header at byte {tf.offset} is damaged, or the archive ends there "
@@ -327,7 +331,7 @@ def iter_members(f: IO[bytes], where: str) -> Iterator[tuple[str, str, int, byte
 def scan(url: str, f: IO[bytes], shard_bytes: int) -> ShardIndex:
     """Build the index of the shard ``url`` open as ``f`` by reading it once."""
     builder = IndexBuilder(url)
-    for key, field, offset, data in iter_members(f, url):
+    for key, field, offset, data, _ in iter_members(f, url):
         if offset + len(data) > shard_bytes:
             raise TruncatedShardError(
                 f"truncated shard {url!r}: member {key}.{field} ends past the file's end."

@@ -9,9 +9,10 @@ list, number of consumers), so every rank and worker agrees without talking.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -22,7 +23,9 @@ from stoker.formats import _index, _remote
 from stoker.formats._codec import DICT_SPEC, Assembler, CorruptRecordError, spec_kind
 from stoker.formats._index import INDEX_SUFFIX, ShardIndex, iter_members
 
-RawSample = tuple[dict[str, bytes], str, str]
+RawSample = tuple[dict[str, bytes], str, str, int, int]
+"""A sample as read: its fields' bytes, its shard, its key, the byte its first header
+starts at, and the byte the next sample's starts at."""
 
 
 def consumer() -> tuple[int, int]:
@@ -51,27 +54,70 @@ def _rank_world() -> tuple[int, int]:
 
 
 def group_samples(
-    url: str, cache_dir: str | None, storage_options: Mapping[str, Any], verify: bool = True
+    url: str,
+    cache_dir: str | None,
+    storage_options: Mapping[str, Any],
+    verify: bool = True,
+    start: int = 0,
 ) -> Iterator[RawSample]:
-    """The samples of shard ``url`` in order, as ``({field: bytes}, url, key)``.
+    """The samples of shard ``url`` in order, from the one whose first header is at byte
+    ``start``, as ``({field: bytes}, url, key, its start, the next one's start)``.
 
     With ``verify`` and a current index beside the shard, each member is checked against
     it as :class:`~stoker.formats.ShardDataset` checks (size and CRC-32).
     """
     index = _index.current(url, storage_options) if verify else None
+    with _remote.open_stream(url, cache_dir, storage_options) as f:
+        yield from _grouped(_at(f, start), url, index, start)
+
+
+def _at(f: IO[bytes], start: int) -> IO[bytes]:
+    """``f`` at byte ``start``: a seek, or for a stream that cannot seek, ``start`` bytes
+    read and dropped."""
+    try:
+        f.seek(start)
+    except (OSError, ValueError, io.UnsupportedOperation):  # a stream, read from its start
+        left = start
+        while left > 0 and (chunk := f.read(min(left, 1 << 20))):
+            left -= len(chunk)
+    return f
+
+
+def _grouped(f: IO[bytes], url: str, index: ShardIndex | None, start: int) -> Iterator[RawSample]:
+    """The samples of the shard open as ``f`` at byte ``start`` (see :func:`group_samples`)."""
     fields: dict[str, bytes] = {}
     current: str | None = None
-    with _remote.open_stream(url, cache_dir, storage_options) as f:
-        for key, field, offset, data in iter_members(f, url):
-            if index is not None:
-                _index.verify(index, _member_at(index, offset, key, field), data, key, field)
-            if current is not None and (key != current or field in fields):
-                yield fields, url, current
-                fields = {}
-            current = key
-            fields[field] = data
+    first = end = start
+    for key, field, offset, data, header in iter_members(f, url, start):
+        if index is not None:
+            _index.verify(index, _member_at(index, offset, key, field), data, key, field)
+        if current is not None and (key != current or field in fields):
+            yield fields, url, current, first, header
+            fields = {}
+        if not fields:
+            first = header
+        current = key
+        fields[field] = data
+        end = offset + len(data)
     if current is not None:
-        yield fields, url, current
+        yield fields, url, current, first, -(-end // 512) * 512  # the next header
+
+
+def read_samples(
+    url: str,
+    offsets: list[int],
+    cache_dir: str | None,
+    storage_options: Mapping[str, Any],
+    verify: bool = True,
+) -> list[RawSample]:
+    """The samples of shard ``url`` whose first headers are at ``offsets`` (one open, a
+    seek each; a remote shard without a cached copy by byte-range requests)."""
+    index = _index.current(url, storage_options) if verify else None
+    local = _remote.cached(url, cache_dir, storage_options)
+    with (
+        open(local, "rb") if local is not None else _remote.open_random(url, storage_options)
+    ) as f:
+        return [next(_grouped(_at(f, at), url, index, at)) for at in offsets]
 
 
 def _member_at(index: ShardIndex, offset: int, key: str, field: str) -> int:
@@ -90,29 +136,63 @@ def _member_at(index: ShardIndex, offset: int, key: str, field: str) -> int:
     return m
 
 
-def shuffle_buffer(
-    items: Iterator[RawSample], size: int, rng: np.random.Generator
-) -> Iterator[RawSample]:
-    """``items`` shuffled through a buffer of ``size`` (no shuffle when ``size`` <= 1).
+class _Reader:
+    """A consumer's shards read in order, from a position: shard ``shard`` of ``urls`` at
+    byte ``offset``, ``n`` samples of the shards counted before it (with fewer shards than
+    consumers, every ``stride``-th is this consumer's). After each sample it yields, its
+    position is the next one's: a state, with no sample read twice on resume."""
 
-    >>> out = list(shuffle_buffer(iter(range(10)), 4, np.random.default_rng(0)))
+    def __init__(self, ds: ShardIterable, urls: list[str], stride: int, cid: int) -> None:
+        self.ds, self.urls, self.stride, self.cid = ds, urls, stride, cid
+        self.shard = self.offset = self.n = 0
+        self.shard_of = {url: i for i, url in enumerate(urls)}
+
+    def __iter__(self) -> Iterator[RawSample]:
+        ds, stride, cid = self.ds, self.stride, self.cid
+        while self.shard < len(self.urls):
+            url = self.urls[self.shard]
+            for sample in group_samples(
+                url, ds.cache_dir, ds.storage_options, ds.verify, self.offset
+            ):
+                n, self.n, self.offset = self.n, self.n + 1, sample[4]
+                if stride == 1 or n % stride == cid:
+                    yield sample
+            self.shard, self.offset = self.shard + 1, 0
+
+
+class _Shuffler:
+    """Samples shuffled through a buffer of ``size`` (none when ``size`` <= 1): once it is
+    full, each new sample takes the place of one drawn to go out; at the end, what is left
+    goes out in a drawn order. Its state is the buffer's samples (where each starts), the
+    generator's state and, at the end, the order left, so a resume reads only those.
+
+    >>> out = list(_Shuffler(iter(range(10)), 4, np.random.default_rng(0)))
     >>> sorted(out) == list(range(10)), out != list(range(10))
     (True, True)
     """
-    if size <= 1:
-        yield from items
-        return
-    buf: list[RawSample] = []
-    for item in items:
-        if len(buf) < size:
-            buf.append(item)
-            continue
-        j = int(rng.integers(size))
-        buf[j], item = item, buf[j]
-        yield item
-    order = rng.permutation(len(buf))
-    for j in order:
-        yield buf[int(j)]
+
+    def __init__(self, items: Iterator[Any], size: int, rng: np.random.Generator) -> None:
+        self.items, self.size, self.rng = items, size, rng
+        self.buf: list[Any] = []
+        self.drain: list[Any] | None = None  # the order left, once the input ended
+
+    def __iter__(self) -> Iterator[Any]:
+        size, rng, buf = self.size, self.rng, self.buf
+        if self.drain is None:
+            for item in self.items:
+                if size <= 1:
+                    yield item
+                    continue
+                if len(buf) < size:
+                    buf.append(item)
+                    continue
+                j = int(rng.integers(size))
+                buf[j], item = item, buf[j]
+                yield item
+            self.drain = [buf[int(j)] for j in rng.permutation(len(buf))][::-1]
+            buf.clear()
+        while self.drain:
+            yield self.drain.pop()
 
 
 class ShardIterable(IterableDataset[Any]):
@@ -182,7 +262,8 @@ class ShardIterable(IterableDataset[Any]):
             spec, kind, meta.get("codecs", {}), transform, target_transform, decode
         )
         self._state: dict[str, int] = {}
-        self._resume: dict[str, int] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._pipe: tuple[_Reader, _Shuffler] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch that, with the seed, orders shards and samples (call before iter)."""
@@ -206,20 +287,6 @@ class ShardIterable(IterableDataset[Any]):
             return urls[cid::count], 1
         return urls, count
 
-    def _raw_stream(self, seed: int, epoch: int, cid: int, count: int) -> Iterator[RawSample]:
-        urls, stride = self.plan(seed, epoch, cid, count)
-
-        def samples() -> Iterator[RawSample]:
-            n = 0
-            for url in urls:
-                shard = group_samples(url, self.cache_dir, self.storage_options, self.verify)
-                for sample in shard:
-                    if stride == 1 or n % stride == cid:
-                        yield sample
-                    n += 1
-
-        return shuffle_buffer(samples(), self.buffer_size, _random.rng(seed, epoch, cid))
-
     def __iter__(self) -> Iterator[Any]:
         cid, count = consumer()
         resume, self._resume = self._resume, None
@@ -229,20 +296,69 @@ class ShardIterable(IterableDataset[Any]):
             seed, epoch, skip = self._seed(), self.epoch, 0
         self._state = {"seed": seed, "epoch": epoch, "consumer": cid, "consumers": count}
         self._state["consumed"] = skip
-        for n, (raw, url, key) in enumerate(self._raw_stream(seed, epoch, cid, count)):
-            if n < skip:
+        urls, stride = self.plan(seed, epoch, cid, count)
+        reader = _Reader(self, urls, stride, cid)
+        pipe = _Shuffler(iter(reader), self.buffer_size, _random.rng(seed, epoch, cid))
+        self._pipe = reader, pipe
+        if resume is not None and resume.get("position") is not None:
+            self._restore(reader, pipe, resume["position"])  # read only what it names
+            skip = 0
+        for raw, url, key, _, _ in pipe:
+            if skip:  # a state without its position (an older stoker's): counted again
+                skip -= 1
                 continue
             wanted = self._asm.needed(list(raw), url, key)
             sample = self._asm.build({f: raw[f] for f in wanted}, url, key)
-            self._state["consumed"] = n + 1
+            self._state["consumed"] += 1
             yield sample
 
-    def state_dict(self) -> dict[str, int]:
-        """This consumer's position: ``seed``, ``epoch``, ``consumer``, ``consumers`` and
-        ``consumed`` (samples yielded in the current pass). Empty before the first iter."""
-        return dict(self._state)
+    def _restore(self, reader: _Reader, pipe: _Shuffler, position: Mapping[str, Any]) -> None:
+        """Put the pass's reader, buffer and generator where ``position`` says."""
+        reader.shard, reader.offset, reader.n = (int(position[k]) for k in ("shard", "offset", "n"))
+        pipe.buf[:] = self._read_refs(reader.urls, position["buffer"])
+        if position["drain"] is not None:
+            pipe.drain = self._read_refs(reader.urls, position["drain"])
+        pipe.rng.bit_generator.state = position["rng"]
 
-    def load_state_dict(self, state: Mapping[str, int] | Sequence[Mapping[str, int]]) -> None:
+    def _read_refs(self, urls: list[str], refs: Sequence[Sequence[int]]) -> list[RawSample]:
+        """The samples at ``refs`` ((shard, byte) each), in their order: one open a shard."""
+        by_shard: dict[int, list[int]] = {}
+        for n, (shard, _) in enumerate(refs):
+            by_shard.setdefault(int(shard), []).append(n)
+        out: list[Any] = [None] * len(refs)
+        for shard, places in by_shard.items():
+            offsets = [int(refs[n][1]) for n in places]
+            read = read_samples(
+                urls[shard], offsets, self.cache_dir, self.storage_options, self.verify
+            )
+            for n, sample in zip(places, read, strict=True):
+                out[n] = sample
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """This consumer's position: ``seed``, ``epoch``, ``consumer``, ``consumers``,
+        ``consumed`` (samples yielded in the current pass) and ``position`` (where its
+        reader stands and, as (shard, byte) each, the samples its shuffle buffer holds,
+        with its generator's state: a resume reads only those). Empty before the first
+        iter."""
+        state: dict[str, Any] = dict(self._state)
+        if state and self._pipe is not None:
+            reader, pipe = self._pipe
+
+            def refs(samples: list[RawSample]) -> list[list[int]]:
+                return [[reader.shard_of[s[1]], s[3]] for s in samples]
+
+            state["position"] = {
+                "shard": reader.shard,
+                "offset": reader.offset,
+                "n": reader.n,
+                "buffer": refs(pipe.buf),
+                "drain": None if pipe.drain is None else refs(pipe.drain),
+                "rng": pipe.rng.bit_generator.state,
+            }
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Resume the next ``iter()`` where ``state`` left off (see the class docstring).
 
         ``state`` is one :meth:`state_dict`, or a list of them (one per consumer), of
@@ -264,6 +380,7 @@ class ShardIterable(IterableDataset[Any]):
                 )
             if int(s["consumer"]) == cid:
                 self._resume = {k: int(s[k]) for k in ("seed", "epoch", "consumed")}
+                self._resume["position"] = s.get("position")
                 self.epoch = int(s["epoch"])
                 return
         raise ValueError(

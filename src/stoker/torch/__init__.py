@@ -27,7 +27,7 @@ from stoker.torch._data import (
     random_split,
 )
 from stoker.torch._distributed import ShardedIterable
-from stoker.torch._loading import DataLoader, default_collate, default_convert
+from stoker.torch._loading import DataLoader, StatefulDataLoader, default_collate, default_convert
 from stoker.torch._sampling import (
     BatchSampler,
     DistributedSampler,
@@ -54,6 +54,7 @@ __all__ = [
     "SequentialSampler",
     "ShardedIterable",
     "StackDataset",
+    "StatefulDataLoader",
     "StringArray",
     "Subset",
     "SubsetRandomSampler",

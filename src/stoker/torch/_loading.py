@@ -21,7 +21,7 @@ from stoker.torch._sampling import BatchSampler, RandomSampler, Sampler, Sequent
 
 T_co = TypeVar("T_co", covariant=True)
 
-__all__ = ["DataLoader", "default_collate", "default_convert"]
+__all__ = ["DataLoader", "StatefulDataLoader", "default_collate", "default_convert"]
 
 
 def default_collate(batch: Any) -> Any:
@@ -91,9 +91,9 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
         tensor_type: str | None = None,
         worker_mode: str = "process",
         skip_errors: int | float = 0,
+        snapshot_every_n_steps: int | None = 1,
     ) -> None:
-        # The default samplers are made here, as stoker.torch's classes, so that frameworks
-        # see torch's types; stoker's loader makes the same ones otherwise.
+        # Default samplers of stoker.torch's classes: frameworks see torch's types.
         default_sampler = sampler is None and batch_sampler is None
         if default_sampler and not is_iterable_dataset(dataset):
             if shuffle:
@@ -122,8 +122,16 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
             tensor_type="torch" if tensor_type is None else tensor_type,
             worker_mode=worker_mode,
             skip_errors=skip_errors,
+            snapshot_every_n_steps=snapshot_every_n_steps,
         )
         if batch_sampler is None and self.batch_sampler is not None:
             # the loader's own BatchSampler, made again as stoker.torch's (frozen attribute)
             own = BatchSampler(self.sampler, self.batch_sampler.batch_size, self.drop_last)
             object.__setattr__(self, "batch_sampler", own)
+
+
+class StatefulDataLoader(DataLoader[T_co], _loader.StatefulDataLoader[T_co]):  # type: ignore[misc]
+    """torchdata's ``StatefulDataLoader`` name for :class:`DataLoader`, which is one already:
+    ``state_dict()`` mid-epoch, ``load_state_dict()``, ``snapshot_every_n_steps``, and the
+    ``Stateful`` protocol of datasets, their iterators and samplers. Its state is stoker's,
+    not torchdata's: each loader refuses the other's, saying so."""
