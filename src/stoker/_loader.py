@@ -756,7 +756,15 @@ def _check_skip_errors(skip_errors: object) -> None:
 class StatefulDataLoader(DataLoader[T_co]):
     """torchdata's ``StatefulDataLoader`` name for :class:`DataLoader`, which is one already
     (``state_dict()`` mid-epoch, ``snapshot_every_n_steps``, the ``Stateful`` protocol); its
-    state is stoker's, which torchdata's loader refuses, and the other way round."""
+    state is stoker's, which torchdata's loader refuses, and the other way round.
+
+    >>> loader = StatefulDataLoader(range(6), batch_size=2, snapshot_every_n_steps=1)
+    >>> it = iter(loader); first = next(it); state = loader.state_dict()
+    >>> resumed = StatefulDataLoader(range(6), batch_size=2)
+    >>> resumed.load_state_dict(state)
+    >>> [b.tolist() for b in resumed]
+    [[2, 3], [4, 5]]
+    """
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """:meth:`DataLoader.load_state_dict`; an empty dict, as in torchdata, changes

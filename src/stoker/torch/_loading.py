@@ -134,4 +134,12 @@ class StatefulDataLoader(DataLoader[T_co], _loader.StatefulDataLoader[T_co]):  #
     """torchdata's ``StatefulDataLoader`` name for :class:`DataLoader`, which is one already:
     ``state_dict()`` mid-epoch, ``load_state_dict()``, ``snapshot_every_n_steps``, and the
     ``Stateful`` protocol of datasets, their iterators and samplers. Its state is stoker's,
-    not torchdata's: each loader refuses the other's, saying so."""
+    not torchdata's: each loader refuses the other's, saying so.
+
+    >>> loader = StatefulDataLoader(range(6), batch_size=2)
+    >>> it = iter(loader); first = next(it); state = loader.state_dict()
+    >>> resumed = StatefulDataLoader(range(6), batch_size=2)
+    >>> resumed.load_state_dict(state)
+    >>> [b.tolist() for b in resumed]
+    [[2, 3], [4, 5]]
+    """
