@@ -159,7 +159,10 @@ class Autotuner:
         # cost than one that computes). An iterable dataset's draws are seeded per epoch in
         # a process, per batch in a thread, so its mode is fixed.
         tune_mode = worker_mode == "auto" and not iterable
-        if tune_mode:
+        no_shm = _osprobe.shm_unwritable() if worker_mode == "auto" else None
+        if no_shm is not None:  # threads are the only workers that can hand batches over
+            mode, tune_mode = "thread", False
+        elif tune_mode:
             mode = "process" if batched else "thread"
         else:
             mode = worker_mode.replace("auto", "process")
@@ -189,7 +192,9 @@ class Autotuner:
         )
         if num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
-        if worker_mode == "auto" and not tune_mode:
+        if no_shm is not None:
+            tuner.decide(f"thread workers: /dev/shm is {no_shm}, process workers need it")
+        elif worker_mode == "auto" and not tune_mode:
             tuner.decide("iterable dataset: process workers (its draws are seeded per epoch)")
         # A fixed count and prefetch: only the end-of-epoch comparison with in process.
         tuner.settled = num_workers != "auto" and not tune_prefetch

@@ -12,6 +12,7 @@ import math
 import multiprocessing
 import multiprocessing.context
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -622,10 +623,12 @@ class DataLoader(Generic[T_co]):
             return MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs, epoch)
         if self._iterator is None or not self._iterator.alive:
             config = self._engine_config(tuner)
-            self._iterator = MultiWorkerIterator(config, self._memory, epochs, epoch)
+            # The loader holds its persistent iterator, which reaches it only weakly: no
+            # cycle, so `del loader` stops the workers at once, without the collector.
+            self._iterator = MultiWorkerIterator(config, self._memory, _Epochs(self, True), epoch)
         else:
             self._iterator.restart()
-        return self._iterator
+        return _PersistentIterator(self._iterator, self)
 
     def _check_prefetch_factor(self) -> None:
         """Refuse a ``prefetch_factor`` of 0 or a non-integer when workers start, where
@@ -700,12 +703,48 @@ def _check_num_workers(num_workers: object) -> None:
         )
 
 
+class _PersistentIterator:
+    """What ``iter(loader)`` hands out with ``persistent_workers``: the loader's one
+    iterator, and the loader held for as long as the user holds this.
+
+    The loader keeps its persistent iterator between epochs, and that iterator reaches the
+    loader only through a weak reference; the strong one is here, outside the loader. So
+    no reference cycle holds the workers: they stop when the loader and every handle are
+    gone, as torch's do, not when the cyclic collector runs."""
+
+    __slots__ = ("_iterator", "_loader")
+
+    def __init__(self, iterator: MultiWorkerIterator, loader: DataLoader[Any]) -> None:
+        self._iterator, self._loader = iterator, loader
+
+    def __iter__(self) -> _PersistentIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return self._iterator.__next__()
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterator, name)
+
+
 class _Epochs:
     """A loader's side of :class:`~stoker._engine._config.Epochs`: how its iterators begin
-    its epochs and report what the user saw."""
+    its epochs and report what the user saw. ``weak``: for the iterator the loader keeps
+    (persistent workers), which must not keep the loader alive."""
 
-    def __init__(self, loader: DataLoader[Any]) -> None:
-        self._loader = loader
+    def __init__(self, loader: DataLoader[Any], weak: bool = False) -> None:
+        self._ref = weakref.ref(loader) if weak else None
+        self._strong = None if weak else loader
+
+    @property
+    def _loader(self) -> DataLoader[Any]:
+        loader = self._strong if self._ref is None else self._ref()
+        if loader is None:
+            raise ReferenceError("the DataLoader of this iterator was deleted")
+        return loader
 
     def start(self) -> Epoch:
         return self._loader._start_epoch()
