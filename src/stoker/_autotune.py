@@ -240,6 +240,8 @@ class Autotuner:
             self._choose_mode(p, share)
         self._predicted = want
         more = max(0, want - self.workers)
+        if self.tune_workers and not more and "/dev/shm" in why:
+            self.decide(f"keep {self.workers} workers from the first samples: {why}")
         if not (self.tune_workers and more) or p.wall * p.batch_len < _JUMP_BATCH_S:
             return KEEP
         self.decide(
@@ -302,6 +304,9 @@ class Autotuner:
         if self._batch_bytes:
             per_worker = (self.prefetch + 1) * self._batch_bytes
             limits[f"{self._budget >> 20} MiB for batches"] = self._budget // per_worker
+            room = self._shm_room()
+            if room is not None:  # half of what is free, as _memory_short allows
+                limits[f"{room >> 20} MiB of /dev/shm for batches"] = room // per_worker
         name = min(limits, key=limits.__getitem__)
         return max(1, limits[name]), f"{name} bound it"
 
@@ -373,7 +378,7 @@ class Autotuner:
             )
             self._open(rec, pids, skip=self.workers)
             return more
-        if self.tune_prefetch and self.prefetch < _MAX_PREFETCH and self._memory_allows(0):
+        if self.tune_prefetch and self.prefetch < _MAX_PREFETCH and not self._memory_short(0):
             self.prefetch += 1
             self._changed = True
             self.decide(
@@ -470,23 +475,31 @@ class Autotuner:
             more = min(more, int((idle_cpus + _CPU_SLACK) / per_worker))
             if more <= 0:
                 return 0, f"CPU is short (the machine has {idle_cpus:.2f} CPUs idle)"
-        while more > 0 and not self._memory_allows(more):
+        short = self._memory_short(more)
+        while more > 0 and self._memory_short(more) is not None:
             more -= 1
         if more <= 0:
-            return 0, "memory is short (see stoker._autotune.memory_budget)"
+            return 0, f"{short} is short"
         return more, ""
 
-    def _memory_allows(self, more_workers: int) -> bool:
+    def _memory_short(self, more_workers: int) -> str | None:
+        """What batches in flight would outgrow with ``more_workers`` more workers (or,
+        for 0, one more prefetch each): the memory budget or /dev/shm; None if neither."""
         need = (self.workers + more_workers) * (self.prefetch + 1) * self._batch_bytes
         if more_workers == 0:
             need = self.workers * (self.prefetch + 2) * self._batch_bytes
         if need > self._budget:
-            return False
-        if self.shared_memory:
-            free = shm_room_bytes()
-            if free is not None and (need - self._in_use()) > free // 2:
-                return False
-        return True
+            return "memory (see stoker._autotune.memory_budget)"
+        room = self._shm_room()
+        if room is not None and need > room:
+            return f"/dev/shm ({room >> 20} MiB for batches)"
+        return None
+
+    def _shm_room(self) -> int | None:
+        """Bytes of /dev/shm batches in flight may take with process workers: half of its
+        free space, plus what they take now (None with threads, or without /dev/shm)."""
+        free = shm_room_bytes() if self.shared_memory else None
+        return None if free is None else free // 2 + self._in_use()
 
     def _in_use(self) -> int:
         return self.workers * (self.prefetch + 1) * self._batch_bytes

@@ -110,6 +110,16 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
             skip_errors=skip_errors,
         )
         if batch_sampler is None and self.batch_sampler is not None:
-            # the loader's own BatchSampler, made again as stoker.torch's (frozen attribute)
-            own = BatchSampler(self.sampler, self.batch_sampler.batch_size, self.drop_last)
+            # the loader's own BatchSampler, made again as stoker.torch's (frozen attribute),
+            # over what stoker's iterates (a sampler of the wrong kind raises, naming it)
+            over = self.batch_sampler.sampler
+            own = BatchSampler(over, self.batch_sampler.batch_size, self.drop_last)
             object.__setattr__(self, "batch_sampler", own)
+        # loader.sampler is a torch Sampler wherever torch's is: its SequentialSampler
+        # beside a batch_sampler, its _InfiniteConstantSampler over an IterableDataset.
+        if is_iterable_dataset(dataset):
+            infinite = getattr(torch_data.dataloader, "_InfiniteConstantSampler", None)
+            if infinite is not None:
+                object.__setattr__(self, "sampler", infinite())
+        elif sampler is None and batch_sampler is not None:
+            object.__setattr__(self, "sampler", SequentialSampler(dataset))
