@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from stoker._engine._dispatch import Dispatcher
 from stoker._engine._interrupts import raise_pending
-from stoker._engine._messages import Loaded, LoadedGroup, Probe, Ready, StartFailed, ToIterator
+from stoker._engine._messages import (
+    Failed,
+    Loaded,
+    LoadedGroup,
+    Probe,
+    Ready,
+    StartFailed,
+    ToIterator,
+)
 from stoker._engine._pin import pin
 from stoker._engine._pool import WorkerPool, make_pool
 from stoker._engine._single import SingleProcessIterator
@@ -234,9 +242,11 @@ class MultiWorkerIterator:
         if msg.generation != self._generation:
             return  # a result of an abandoned epoch (a batch's slot returns as it dies)
         if isinstance(msg, Probe):  # a worker's first samples, timed (autotune)
-            return self._autotune(msg) if self._tuner is not None else None
+            return self._autotune(msg) if self._heeds(wid) else None
         if isinstance(msg, (Loaded, LoadedGroup)):
             self._stats.busy[wid] += msg.busy  # the worker's fetch + collate seconds
+        elif isinstance(msg, Failed):  # the epoch stays here: a restart would drop the error
+            self._dispatch.drawn = None  # (a sample that fails once loads the second time)
         self._dispatch.answered(wid, msg)
 
     # -- statistics and autotune -------------------------------------------------------
@@ -244,6 +254,16 @@ class MultiWorkerIterator:
     def _gauges(self) -> tuple[int, int]:
         """(shared memory mapped for batches, tasks in flight) for ``loader.statistics()``."""
         return self._pool.shared_memory_bytes(), sum(self._window.outstanding)
+
+    def _heeds(self, wid: int) -> bool:
+        """Whether the tuner hears worker ``wid``'s probe: before the epoch's first
+        delivery (while it may restart elsewhere), only the worker loading the first batch
+        decides, which sends no probe if that batch raises, so the error is not dropped."""
+        if self._tuner is None:
+            return False
+        window = self._window
+        first = self._dispatch.drawn is not None and window.in_order and window.running
+        return not first or window.waiting_for() == wid
 
     def _autotune(self, probe: Probe | None = None) -> None:
         """Ask the tuner after a delivered batch or a worker's ``probe``; apply its decision."""
