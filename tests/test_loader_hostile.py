@@ -129,11 +129,9 @@ class _Shards(torch_data.IterableDataset[int]):
             assert ours is None and early is None, (ours, early)
             return iter(range(40))
         assert early is info and isinstance(info, torch_data._utils.worker.WorkerInfo)
-        assert not self.ours or ours is not None and (ours.id, ours.num_workers, ours.seed) == (
-            info.id,
-            info.num_workers,
-            info.seed,
-        )
+        if self.ours:
+            assert ours is not None, "stoker's get_worker_info() said None in a worker"
+            assert (ours.id, ours.num_workers, ours.seed) == (info.id, info.num_workers, info.seed)
         return iter(range(info.id, 40, info.num_workers))
 
 
@@ -382,7 +380,8 @@ def test_a_loader_that_has_run_can_be_copied_as_torchs(
     )
     copies = []
     for make in (torch_data.DataLoader, st.DataLoader):
-        loader = make(_Rows(), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(7),
+        generator = torch.Generator().manual_seed(7)
+        loader = make(_Rows(), batch_size=3, shuffle=True, generator=generator,
                       num_workers=num_workers)  # fmt: skip
         it = iter(loader)
         next(it)
@@ -393,7 +392,7 @@ def test_a_loader_that_has_run_can_be_copied_as_torchs(
         del it
     (torch_copy, torch_next), (ours_copy, ours_next) = copies
     assert ours_copy == ours_next and torch_copy == torch_next
-    assert sorted(sum(ours_copy, [])) == list(range(8))
+    assert sorted(i for batch in ours_copy for i in batch) == list(range(8))
 
 
 def test_a_loader_with_persistent_workers_copies_without_them() -> None:

@@ -153,19 +153,7 @@ class Autotuner:
         cpus = available_cpus()
         tune_workers = num_workers == "auto"
         tune_prefetch = prefetch_factor == "auto"
-        # worker_mode="auto" starts with threads (they start at once, and show whether the
-        # fetch releases the GIL), or, where the probe comes only with a whole batch, with
-        # processes (a switch would drop that batch; a batch that waits is dropped at less
-        # cost than one that computes). An iterable dataset's draws are seeded per epoch in
-        # a process, per batch in a thread, so its mode is fixed.
-        tune_mode = worker_mode == "auto" and not iterable
-        no_shm = _osprobe.shm_unwritable() if worker_mode == "auto" else None
-        if no_shm is not None:  # threads are the only workers that can hand batches over
-            mode, tune_mode = "thread", False
-        elif tune_mode:
-            mode = "process" if batched else "thread"
-        else:
-            mode = worker_mode.replace("auto", "process")
+        mode, tune_mode, no_shm = _first_mode(worker_mode, iterable, batched)
         if tune_workers:
             capacity = min(_MAX_CAPACITY, max(2, _WORKERS_PER_CPU * cpus))
             # One per CPU where no sample is timed before a whole batch: what the model
@@ -503,6 +491,22 @@ class Autotuner:
 
     def _in_use(self) -> int:
         return self.workers * (self.prefetch + 1) * self._batch_bytes
+
+
+def _first_mode(worker_mode: str, iterable: bool, batched: bool) -> tuple[str, bool, str | None]:
+    """(the mode to start with, whether the probe may change it, why /dev/shm cannot be
+    used or None). ``worker_mode="auto"`` starts with threads (they start at once, and show
+    whether the fetch releases the GIL), or, where the probe comes only with a whole batch,
+    with processes (a switch would drop that batch; a batch that waits is dropped at less
+    cost than one that computes). An iterable dataset's draws are seeded per epoch in a
+    process, per batch in a thread, so its mode is fixed. Without a writable /dev/shm,
+    threads are the only workers that can hand batches over."""
+    no_shm = _osprobe.shm_unwritable() if worker_mode == "auto" else None
+    if no_shm is not None:
+        return "thread", False, no_shm
+    if worker_mode == "auto" and not iterable:
+        return ("process" if batched else "thread"), True, None
+    return worker_mode.replace("auto", "process"), False, None
 
 
 def memory_budget() -> int:

@@ -211,6 +211,7 @@ class Dispatcher:
             self._note(msg, part)
         else:
             item = (k, Failure(msg.error), None)
+            self.drawn = None  # the epoch stays here: a restart elsewhere would drop the error
         if not part:
             window.put(idx, item)
             return

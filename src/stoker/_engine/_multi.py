@@ -26,15 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker._engine._dispatch import Dispatcher
 from stoker._engine._interrupts import raise_pending
-from stoker._engine._messages import (
-    Failed,
-    Loaded,
-    LoadedGroup,
-    Probe,
-    Ready,
-    StartFailed,
-    ToIterator,
-)
+from stoker._engine._messages import Loaded, LoadedGroup, Probe, Ready, StartFailed, ToIterator
 from stoker._engine._pin import pin
 from stoker._engine._pool import WorkerPool, make_pool
 from stoker._engine._single import SingleProcessIterator
@@ -242,11 +234,9 @@ class MultiWorkerIterator:
         if msg.generation != self._generation:
             return  # a result of an abandoned epoch (a batch's slot returns as it dies)
         if isinstance(msg, Probe):  # a worker's first samples, timed (autotune)
-            return self._autotune(msg) if self._heeds(wid) else None
+            return self._autotune(msg) if heeds(self._window, self._dispatch, wid) else None
         if isinstance(msg, (Loaded, LoadedGroup)):
             self._stats.busy[wid] += msg.busy  # the worker's fetch + collate seconds
-        elif isinstance(msg, Failed):  # the epoch stays here: a restart would drop the error
-            self._dispatch.drawn = None  # (a sample that fails once loads the second time)
         self._dispatch.answered(wid, msg)
 
     # -- statistics and autotune -------------------------------------------------------
@@ -255,21 +245,11 @@ class MultiWorkerIterator:
         """(shared memory mapped for batches, tasks in flight) for ``loader.statistics()``."""
         return self._pool.shared_memory_bytes(), sum(self._window.outstanding)
 
-    def _heeds(self, wid: int) -> bool:
-        """Whether the tuner hears worker ``wid``'s probe: before the epoch's first
-        delivery (while it may restart elsewhere), only the worker loading the first batch
-        decides, which sends no probe if that batch raises, so the error is not dropped."""
-        if self._tuner is None:
-            return False
-        window = self._window
-        first = self._dispatch.drawn is not None and window.in_order and window.running
-        return not first or window.waiting_for() == wid
-
     def _autotune(self, probe: Probe | None = None) -> None:
         """Ask the tuner after a delivered batch or a worker's ``probe``; apply its decision."""
         from stoker._autotune import ADD_PREFETCH, IN_PROCESS_NOW
 
-        assert self._tuner is not None
+        assert self._tuner is not None  # workers probe only for a tuner
         if probe is not None:
             timer = functools.partial(load_in_process, self._config, self._dispatch.first_task)
             decision = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
@@ -317,6 +297,14 @@ class MultiWorkerIterator:
         self._pool.limit_start(self._num_workers)
         self._pool.start(count)  # a process pool starts them; threads run already
         self._refill()
+
+
+def heeds(window: ReorderWindow, dispatch: Dispatcher, wid: int) -> bool:
+    """Whether the tuner hears worker ``wid``'s probe: before the epoch's first delivery
+    (while it may restart elsewhere), only the worker loading the first batch decides, which
+    sends no probe if that batch raises, so the error is not dropped."""
+    first = dispatch.drawn is not None and window.in_order and window.running
+    return not first or window.waiting_for() == wid
 
 
 def wait(
