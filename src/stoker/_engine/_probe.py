@@ -2,10 +2,10 @@
 
 The autotuner must size the pool within an epoch's first batch (an epoch may have only a
 few), so a worker asked to (``WorkerArgs.probe``) times each sample of its epoch's first
-batch: wall time, and CPU time on its thread. The first runs alone; idle thread workers may help
-with the next ones, and the CPU those get side by side tells whether the fetch releases
-the GIL. The first sample needs all of its wall time as CPU if its thread
-never blocked: the rest was a wait for a CPU other programs held, not for data. After
+batch: wall time, and CPU time on its thread. The first runs alone; idle thread workers
+may help with the next ones, and the CPU those get side by side tells whether the fetch
+releases the GIL. The first sample needs all of its wall time as CPU if its thread never
+blocked: the rest was a wait for a CPU other programs held, not for data. After
 :data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a dataset that
 loads a batch at once) one :class:`~stoker._engine._messages.Probe` goes out; none if one
 of the first samples raised (a switch of mode would drop that error).
