@@ -743,6 +743,9 @@ class _Unusable:
     def __len__(self) -> int:
         raise self._error()
 
+    def __bool__(self) -> bool:  # a test of truth is no use of it
+        return True
+
 
 def _callable_or_unusable(name: str, fn: Any) -> Any:
     """``fn`` if it is None or callable, else an :class:`_Unusable` that raises when called."""
