@@ -287,3 +287,25 @@ def test_shards_without_index_in_a_read_only_folder_are_read(
     assert statuses[:3] == [0, 0, 0], err
     assert "2 tar shard(s)" in err and "samples: 6" in err
     assert statuses[3] != 0  # no index could be written
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--sample-bytes", "99999999999999999999"], "--sample-bytes"),
+        (["--samples", "99999999999999999999"], "--samples"),
+        (["--sample-bytes", str(1 << 60)], "--sample-bytes"),
+        (["--dataset", "math:pi"], "--dataset"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else "",
+)
+def test_bench_values_that_cannot_make_a_dataset_are_usage_errors(
+    args: list[str], option: str, tmp_path: Path
+) -> None:
+    """A size past what an index or this machine's memory holds, a factory that gives no
+    dataset: a usage error naming the option (exit 2) before any header or sweep (they
+    were NumPy's "Maximum allowed dimension exceeded" and "object of type 'float' has no
+    len()" after the header, exit 1)."""
+    proc = stoker("bench", *args, "--json", str(tmp_path / "b.json"), "--no-plot", "--quiet")
+    line = assert_one_line_error(proc, "bench", 2)
+    assert option in line and proc.stdout == "", (line, proc.stdout)

@@ -153,16 +153,7 @@ class Autotuner:
         cpus = available_cpus()
         tune_workers = num_workers == "auto"
         tune_prefetch = prefetch_factor == "auto"
-        # worker_mode="auto" starts with threads (they start at once, and show whether the
-        # fetch releases the GIL), or, where the probe comes only with a whole batch, with
-        # processes (a switch would drop that batch; a batch that waits is dropped at less
-        # cost than one that computes). An iterable dataset's draws are seeded per epoch in
-        # a process, per batch in a thread, so its mode is fixed.
-        tune_mode = worker_mode == "auto" and not iterable
-        if tune_mode:
-            mode = "process" if batched else "thread"
-        else:
-            mode = worker_mode.replace("auto", "process")
+        mode, tune_mode, no_shm = _first_mode(worker_mode, iterable, batched)
         if tune_workers:
             capacity = min(_MAX_CAPACITY, max(2, _WORKERS_PER_CPU * cpus))
             # One per CPU where no sample is timed before a whole batch: what the model
@@ -189,7 +180,9 @@ class Autotuner:
         )
         if num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
-        if worker_mode == "auto" and not tune_mode:
+        if no_shm is not None:
+            tuner.decide(f"thread workers: /dev/shm is {no_shm}, process workers need it")
+        elif worker_mode == "auto" and not tune_mode:
             tuner.decide("iterable dataset: process workers (its draws are seeded per epoch)")
         # A fixed count and prefetch: only the end-of-epoch comparison with in process.
         tuner.settled = num_workers != "auto" and not tune_prefetch
@@ -235,6 +228,8 @@ class Autotuner:
             self._choose_mode(p, share)
         self._predicted = want
         more = max(0, want - self.workers)
+        if self.tune_workers and not more and "/dev/shm" in why:
+            self.decide(f"keep {self.workers} workers from the first samples: {why}")
         if not (self.tune_workers and more) or p.wall * p.batch_len < _JUMP_BATCH_S:
             return KEEP
         self.decide(
@@ -297,6 +292,9 @@ class Autotuner:
         if self._batch_bytes:
             per_worker = (self.prefetch + 1) * self._batch_bytes
             limits[f"{self._budget >> 20} MiB for batches"] = self._budget // per_worker
+            room = self._shm_room()
+            if room is not None:  # half of what is free, as _memory_short allows
+                limits[f"{room >> 20} MiB of /dev/shm for batches"] = room // per_worker
         name = min(limits, key=limits.__getitem__)
         return max(1, limits[name]), f"{name} bound it"
 
@@ -368,7 +366,7 @@ class Autotuner:
             )
             self._open(rec, pids, skip=self.workers)
             return more
-        if self.tune_prefetch and self.prefetch < _MAX_PREFETCH and self._memory_allows(0):
+        if self.tune_prefetch and self.prefetch < _MAX_PREFETCH and not self._memory_short(0):
             self.prefetch += 1
             self._changed = True
             self.decide(
@@ -465,26 +463,50 @@ class Autotuner:
             more = min(more, int((idle_cpus + _CPU_SLACK) / per_worker))
             if more <= 0:
                 return 0, f"CPU is short (the machine has {idle_cpus:.2f} CPUs idle)"
-        while more > 0 and not self._memory_allows(more):
+        short = self._memory_short(more)
+        while more > 0 and self._memory_short(more) is not None:
             more -= 1
         if more <= 0:
-            return 0, "memory is short (see stoker._autotune.memory_budget)"
+            return 0, f"{short} is short"
         return more, ""
 
-    def _memory_allows(self, more_workers: int) -> bool:
+    def _memory_short(self, more_workers: int) -> str | None:
+        """What batches in flight would outgrow with ``more_workers`` more workers (or,
+        for 0, one more prefetch each): the memory budget or /dev/shm; None if neither."""
         need = (self.workers + more_workers) * (self.prefetch + 1) * self._batch_bytes
         if more_workers == 0:
             need = self.workers * (self.prefetch + 2) * self._batch_bytes
         if need > self._budget:
-            return False
-        if self.shared_memory:
-            free = shm_room_bytes()
-            if free is not None and (need - self._in_use()) > free // 2:
-                return False
-        return True
+            return "memory (see stoker._autotune.memory_budget)"
+        room = self._shm_room()
+        if room is not None and need > room:
+            return f"/dev/shm ({room >> 20} MiB for batches)"
+        return None
+
+    def _shm_room(self) -> int | None:
+        """Bytes of /dev/shm batches in flight may take with process workers: half of its
+        free space, plus what they take now (None with threads, or without /dev/shm)."""
+        free = shm_room_bytes() if self.shared_memory else None
+        return None if free is None else free // 2 + self._in_use()
 
     def _in_use(self) -> int:
         return self.workers * (self.prefetch + 1) * self._batch_bytes
+
+
+def _first_mode(worker_mode: str, iterable: bool, batched: bool) -> tuple[str, bool, str | None]:
+    """(the mode to start with, whether the probe may change it, why /dev/shm cannot be
+    used or None). ``worker_mode="auto"`` starts with threads (they start at once, and show
+    whether the fetch releases the GIL), or, where the probe comes only with a whole batch,
+    with processes (a switch would drop that batch; a batch that waits is dropped at less
+    cost than one that computes). An iterable dataset's draws are seeded per epoch in a
+    process, per batch in a thread, so its mode is fixed. Without a writable /dev/shm,
+    threads are the only workers that can hand batches over."""
+    no_shm = _osprobe.shm_unwritable() if worker_mode == "auto" else None
+    if no_shm is not None:
+        return "thread", False, no_shm
+    if worker_mode == "auto" and not iterable:
+        return ("process" if batched else "thread"), True, None
+    return worker_mode.replace("auto", "process"), False, None
 
 
 def memory_budget() -> int:

@@ -637,7 +637,14 @@ def load_dataset(spec: str) -> Any:
                 "callable defined in it."
             )
         obj = getattr(obj, part)
-    return obj() if callable(obj) else obj
+    dataset = obj() if callable(obj) else obj
+    kind = type(dataset)
+    if not hasattr(kind, "__iter__") and not hasattr(kind, "__getitem__"):
+        raise ValueError(
+            f"--dataset {spec!r} gave a {kind.__name__}, which is no dataset: name a callable "
+            "that returns one (with __len__ and __getitem__, or __iter__), or a dataset."
+        )
+    return dataset
 
 
 def _resolve(args: argparse.Namespace, cpus: int) -> None:
@@ -659,6 +666,14 @@ def _resolve(args: argparse.Namespace, cpus: int) -> None:
     for key, default in _SYNTHETIC_DEFAULTS.items():
         if args.dataset is None and getattr(args, key) is None:
             setattr(args, key, default)
+    from stoker._osprobe import meminfo
+
+    memory = meminfo().get("MemTotal")
+    if args.dataset is None and memory is not None and args.sample_bytes > memory:
+        raise ValueError(
+            f"--sample-bytes {args.sample_bytes:,} is more than this machine's memory "
+            f"({memory:,} bytes): a synthetic sample must fit in it; pass a smaller size."
+        )
     for option, path in (("--json", args.json), ("--plot", None if args.no_plot else args.plot)):
         if path is not None:
             _check_writable(option, path)

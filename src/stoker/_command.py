@@ -56,8 +56,9 @@ def run(args: argparse.Namespace, dispatch: Callable[[argparse.Namespace], int])
 
 
 def number(kind: Callable[[str], Any], minimum: float) -> Callable[[str], Any]:
-    """An argparse type: a number of type ``kind`` that is at least ``minimum`` (a bad one
-    is a usage error naming the option, the rule and the value).
+    """An argparse type: a number of type ``kind`` that is at least ``minimum``, and, for an
+    int (a count or a size), at most ``sys.maxsize`` (a bad one is a usage error naming the
+    option, the rule and the value).
 
     >>> number(int, 1)("3")
     3
@@ -71,6 +72,10 @@ def number(kind: Callable[[str], Any], minimum: float) -> Callable[[str], Any]:
         if value is None or not value >= minimum or not math.isfinite(value):
             noun = "an integer" if kind is int else "a finite number"
             raise argparse.ArgumentTypeError(f"must be {noun} >= {minimum}, got {text!r}.")
+        if kind is int and value > sys.maxsize:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer from {minimum} to {sys.maxsize} (2**63 - 1), got {text!r}."
+            )
         return value
 
     return parse

@@ -27,6 +27,7 @@ from stoker._osprobe import (
     cgroup_memory_limit,
     meminfo,
     shm_space,
+    shm_unwritable,
 )
 
 WINDOW_WORKERS, WINDOW_PREFETCH = 2, 2
@@ -233,6 +234,15 @@ def _shm(report: Report) -> None:
         return
     size, free = space
     report.line(s, "/dev/shm size", _size(size))
+    unwritable = shm_unwritable()
+    if unwritable is not None:
+        report.line(s, "/dev/shm", unwritable)
+        report.advice.append(
+            f"/dev/shm is {unwritable}: worker processes cannot share batches; mount it "
+            "read-write (docker run --shm-size=2g; Kubernetes: an emptyDir with medium Memory "
+            "at /dev/shm), or use worker_mode='thread' (or 'auto') or num_workers=0"
+        )
+        return
     report.line(s, "/dev/shm free", f"{_size(free)} ({free / WINDOW_BYTES:.1f} windows)")
     if free < WINDOW_BYTES:
         report.advice.append(

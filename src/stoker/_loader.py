@@ -13,6 +13,7 @@ import math
 import multiprocessing
 import multiprocessing.context
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -131,6 +132,7 @@ class DataLoader(Generic[T_co]):
     ) -> None:
         _check_num_workers(num_workers)
         _check_snapshot_every(snapshot_every_n_steps)
+        _check_timeout(timeout)
         if timeout < 0:
             raise ValueError(
                 f"timeout option should be non-negative, got timeout={timeout}; pass the seconds "
@@ -233,7 +235,9 @@ class DataLoader(Generic[T_co]):
             else:
                 sampler = SequentialSampler(dataset)
         if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(cast(Any, sampler), batch_size, drop_last)
+            # One that is no iterable raises, naming the argument, where torch's would.
+            batches_of = sampler if _iterable(sampler) else _Unusable("sampler", sampler)
+            batch_sampler = BatchSampler(cast(Any, batches_of), batch_size, drop_last)
 
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -299,6 +303,16 @@ class DataLoader(Generic[T_co]):
             )
         super().__setattr__(name, value)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``pickle`` and ``copy.deepcopy`` keep: the settings, samplers, dataset and
+        epoch count. The epoch in progress (its sampler's iterator), the workers, the
+        tuner and the engine's memory are this loader's own: a copy begins at the next
+        epoch with its own, as a copy of torch's loader does."""
+        state = self.__dict__.copy()
+        state.update(_iterator=None, _current=None, _tuner=None, _tuner_key=())
+        state["_memory"] = EngineMemory()
+        return state
+
     # -- iteration ----------------------------------------------------------------------
 
     @property
@@ -311,18 +325,22 @@ class DataLoader(Generic[T_co]):
 
     def _fetcher_factory(self) -> Callable[[], MapFetcher | IterableFetcher]:
         """Makes a fresh fetcher for one iterator (in the main process or a worker); holds
-        the loader's settings, not the loader."""
+        the loader's settings, not the loader. A ``collate_fn`` that cannot be called
+        raises when the first batch is collated, as torch's does, naming it."""
+        collate = self.collate_fn
+        if not callable(collate):
+            collate = _Unusable("collate_fn", collate)
         if self._iterable:
             return functools.partial(
                 IterableFetcher,
                 self.dataset,
                 self._auto_collation,
-                self.collate_fn,
+                collate,
                 self.drop_last,
                 self.batch_size,
             )
         return functools.partial(
-            MapFetcher, self.dataset, self._auto_collation, self.collate_fn, bool(self.skip_errors)
+            MapFetcher, self.dataset, self._auto_collation, collate, bool(self.skip_errors)
         )
 
     def _skip_cap(self) -> int:
@@ -641,7 +659,7 @@ class DataLoader(Generic[T_co]):
             worker_mode=tuner.mode if tuner is not None else self.worker_mode,
             context=self.multiprocessing_context,
             timeout=float(self.timeout),
-            init_fn=self.worker_init_fn,
+            init_fn=_callable_or_unusable("worker_init_fn", self.worker_init_fn),
             in_order=bool(self.in_order),
             pin_device=self._resolved_pin_device(),
             persistent=bool(self.persistent_workers),
@@ -654,6 +672,9 @@ class DataLoader(Generic[T_co]):
         )
 
     def __iter__(self) -> Iterator[Any]:
+        index_sampler = self._index_sampler
+        if not _iterable(index_sampler):  # torch iterates it here, in iter()
+            _Unusable("batch_sampler" if self._auto_collation else "sampler", index_sampler)()
         tuner = self._autotuner()
         epochs = _Epochs(self)
         mode = tuner.next_mode() if tuner is not None else self.worker_mode
@@ -687,10 +708,12 @@ class DataLoader(Generic[T_co]):
             return MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs, epoch)
         if self._iterator is None or not self._iterator.alive:
             config = self._engine_config(tuner)
-            self._iterator = MultiWorkerIterator(config, self._memory, epochs, epoch)
+            # The loader holds its persistent iterator, which reaches it only weakly: no
+            # cycle, so `del loader` stops the workers at once, without the collector.
+            self._iterator = MultiWorkerIterator(config, self._memory, _Epochs(self, True), epoch)
         else:
             self._iterator.restart()
-        return self._iterator
+        return _PersistentIterator(self._iterator, self)
 
     def _check_prefetch_factor(self) -> None:
         """Refuse a ``prefetch_factor`` of 0 or a non-integer when workers start, where
@@ -787,6 +810,58 @@ def _check_snapshot_every(every: object) -> None:
         raise ValueError(
             f"snapshot_every_n_steps must be >= 0 (0 or None: never), got {every}; pass 1 to "
             "keep the workers' states with every batch."
+_TAKES = {
+    "sampler": "an iterable of indices (a Sampler), or None",
+    "batch_sampler": "an iterable of lists of indices (a BatchSampler), or None",
+    "collate_fn": "a callable that makes a batch of a list of samples, or None",
+    "worker_init_fn": "a callable that takes the worker's id, or None",
+}
+
+
+class _Unusable:
+    """Stands for an argument of the wrong kind where it is used, so that the error comes
+    where torch's does (the first batch, a worker's start), of torch's type, with torch's
+    words and then the argument's name and what it takes; picklable for workers."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value = name, value
+
+    def _error(self) -> TypeError:
+        what = "iterable" if "sampler" in self.name else "callable"
+        return TypeError(
+            f"'{type(self.value).__name__}' object is not {what}: {self.name} must be "
+            f"{_TAKES[self.name]}, got {self.value!r}."
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._error()
+
+    def __iter__(self) -> Iterator[Any]:
+        raise self._error()
+
+    def __len__(self) -> int:
+        raise self._error()
+
+    def __bool__(self) -> bool:  # a test of truth is no use of it
+        return True
+
+
+def _callable_or_unusable(name: str, fn: Any) -> Any:
+    """``fn`` if it is None or callable, else an :class:`_Unusable` that raises when called."""
+    return fn if fn is None or callable(fn) else _Unusable(name, fn)
+
+
+def _iterable(obj: object) -> bool:
+    """Whether ``iter(obj)`` can work (``__iter__``, or the old ``__getitem__`` protocol)."""
+    return hasattr(type(obj), "__iter__") or hasattr(type(obj), "__getitem__")
+
+
+def _check_timeout(timeout: object) -> None:
+    """``timeout`` must be a real number (torch's TypeError, naming it)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+        raise TypeError(
+            f"timeout must be a number of seconds >= 0 (0: wait as long as the workers "
+            f"live), got {timeout!r} ({type(timeout).__name__})."
         )
 
 
@@ -802,12 +877,48 @@ def _check_num_workers(num_workers: object) -> None:
         )
 
 
+class _PersistentIterator:
+    """What ``iter(loader)`` hands out with ``persistent_workers``: the loader's one
+    iterator, and the loader held for as long as the user holds this.
+
+    The loader keeps its persistent iterator between epochs, and that iterator reaches the
+    loader only through a weak reference; the strong one is here, outside the loader. So
+    no reference cycle holds the workers: they stop when the loader and every handle are
+    gone, as torch's do, not when the cyclic collector runs."""
+
+    __slots__ = ("_iterator", "_loader")
+
+    def __init__(self, iterator: MultiWorkerIterator, loader: DataLoader[Any]) -> None:
+        self._iterator, self._loader = iterator, loader
+
+    def __iter__(self) -> _PersistentIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return self._iterator.__next__()
+
+    def __len__(self) -> int:
+        return len(self._iterator)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterator, name)
+
+
 class _Epochs:
     """A loader's side of :class:`~stoker._engine._config.Epochs`: how its iterators begin
-    its epochs and report what the user saw."""
+    its epochs and report what the user saw. ``weak``: for the iterator the loader keeps
+    (persistent workers), which must not keep the loader alive."""
 
-    def __init__(self, loader: DataLoader[Any]) -> None:
-        self._loader = loader
+    def __init__(self, loader: DataLoader[Any], weak: bool = False) -> None:
+        self._ref = weakref.ref(loader) if weak else None
+        self._strong = None if weak else loader
+
+    @property
+    def _loader(self) -> DataLoader[Any]:
+        loader = self._strong if self._ref is None else self._ref()
+        if loader is None:
+            raise ReferenceError("the DataLoader of this iterator was deleted")
+        return loader
 
     def start(self) -> Epoch:
         return self._loader._start_epoch()

@@ -36,21 +36,35 @@ def available_cpus() -> int:
 
 
 def cgroup_cpu_quota() -> float | None:
-    """The cgroup's CPU quota in CPUs (v2, else v1), or None without one."""
+    """The cgroup's CPU quota in CPUs (v2, else v1), or None without one. A quota or period
+    that is not a positive count (``"max"``, a period of 0, garbage) is no quota: the
+    kernel enforces none it could divide."""
     try:  # cgroup v2
         with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
+            fields = [*f.read().split(), "", ""]
+        return _quota(fields[0], fields[1])
+    except OSError:
         pass
     try:  # cgroup v1
         with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            q = int(f.read())
+            q = f.read()
         with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            p = int(f.read())
-        return None if q <= 0 or p <= 0 else q / p
-    except (OSError, ValueError):
+            return _quota(q, f.read())
+    except OSError:
         return None
+
+
+def _quota(quota: str, period: str) -> float | None:
+    """``quota / period`` in CPUs, or None unless both are positive integers.
+
+    >>> _quota("150000", "100000"), _quota("100000", "0"), _quota("max", "100000")
+    (1.5, None, None)
+    """
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:
+        return None
+    return q / p if q > 0 and p > 0 else None
 
 
 def meminfo() -> dict[str, int]:
@@ -107,6 +121,20 @@ def shm_space() -> tuple[int, int] | OSError:
     except OSError as exc:
         return exc
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def shm_unwritable() -> str | None:
+    """Why process workers cannot make segments in ``/dev/shm`` (``"read-only"``, ``"not
+    writable by this user"``, or the error reading it), or None where they can."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError as exc:
+        return f"not available ({exc.strerror})"
+    if st.f_flag & os.ST_RDONLY:
+        return "read-only"
+    if not os.access(SHM_DIR, os.W_OK):
+        return "not writable by this user"
+    return None
 
 
 def shm_free_bytes() -> int | None:

@@ -221,6 +221,7 @@ class Dispatcher:
                 self._epoch_state.stream.answered(k, wid)
         else:
             item = (k, Failure(msg.error), None)
+            self.drawn = None  # the epoch stays here: a restart elsewhere would drop the error
         if not part:
             window.put(idx, item)
             return

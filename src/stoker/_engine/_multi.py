@@ -234,7 +234,7 @@ class MultiWorkerIterator:
         if msg.generation != self._generation:
             return  # a result of an abandoned epoch (a batch's slot returns as it dies)
         if isinstance(msg, Probe):  # a worker's first samples, timed (autotune)
-            return self._autotune(msg) if self._tuner is not None else None
+            return self._autotune(msg) if heeds(self._window, self._dispatch, wid) else None
         if isinstance(msg, (Loaded, LoadedGroup)):
             self._stats.busy[wid] += msg.busy  # the worker's fetch + collate seconds
         self._dispatch.answered(wid, msg)
@@ -249,7 +249,7 @@ class MultiWorkerIterator:
         """Ask the tuner after a delivered batch or a worker's ``probe``; apply its decision."""
         from stoker._autotune import ADD_PREFETCH, IN_PROCESS_NOW
 
-        assert self._tuner is not None
+        assert self._tuner is not None  # workers probe only for a tuner
         if probe is not None:
             timer = functools.partial(load_in_process, self._config, self._dispatch.first_task)
             decision = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
@@ -297,6 +297,14 @@ class MultiWorkerIterator:
         self._pool.limit_start(self._num_workers)
         self._pool.start(count)  # a process pool starts them; threads run already
         self._refill()
+
+
+def heeds(window: ReorderWindow, dispatch: Dispatcher, wid: int) -> bool:
+    """Whether the tuner hears worker ``wid``'s probe: before the epoch's first delivery
+    (while it may restart elsewhere), only the worker loading the first batch decides, which
+    sends no probe if that batch raises, so the error is not dropped."""
+    first = dispatch.drawn is not None and window.in_order and window.running
+    return not first or window.waiting_for() == wid
 
 
 def wait(

@@ -341,6 +341,8 @@ class ProcessPool:
         self._owner = os.getpid()
         self._closed = False
         self.workers: list[_ProcWorker] = []
+        if (unwritable := _shm.unwritable_error()) is not None:
+            raise unwritable  # before any worker starts, rather than one error per worker
         _shm.sweep_dead_owners()
         token = secrets.token_hex(4)
         n = config.capacity  # with autotune, the most workers it may start

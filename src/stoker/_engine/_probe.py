@@ -2,13 +2,13 @@
 
 The autotuner must size the pool within an epoch's first batch (an epoch may have only a
 few), so a worker asked to (``WorkerArgs.probe``) times each sample of its epoch's first
-batch: wall time, and CPU time on its thread. The first runs alone; idle threads of
-thread workers may help with the next ones, and the CPU those use side by side tells
-whether the fetch releases the GIL: the CPU they got counts, as threads that preempt
-each other gain nothing. The first sample needs all of its wall time as CPU if its thread
-never blocked: the rest was a wait for a CPU other programs held, not for data. After
+batch: wall time, and CPU time on its thread. The first runs alone; idle thread workers
+may help with the next ones, and the CPU those get side by side tells whether the fetch
+releases the GIL. The first sample needs all of its wall time as CPU if its thread never
+blocked: the rest was a wait for a CPU other programs held, not for data. After
 :data:`~stoker._policy.PROBE_SAMPLES` samples (or the batch's end, for a dataset that
-loads a batch at once) one :class:`~stoker._engine._messages.Probe` goes out.
+loads a batch at once) one :class:`~stoker._engine._messages.Probe` goes out; none if one
+of the first samples raised (a switch of mode would drop that error).
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ class SampleTimer:
         self._count = 0
         self._nbytes = 0
         self._sent = False
+        self._failed = False  # one of its samples raised
+        self._started = 0  # samples taken (numbered in the order they were taken)
+        self._running: set[int] = set()  # the numbers of those still loading
         self._start = _mark()
 
     def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -60,9 +63,20 @@ class SampleTimer:
         def timed(i: Any) -> Any:
             if self._sent:
                 return fn(i)
+            with self._lock:
+                seq, self._started = self._started, self._started + 1
+                self._running.add(seq)
             since = _mark()
-            out = fn(i)
-            self._add(*_spent(since), out)
+            try:
+                out = fn(i)
+            except BaseException:
+                # No probe then: a switch of mode would drop the batch, and this error
+                # with it (a sample that fails once would load on the other side).
+                with self._lock:
+                    self._failed = True  # finish() still sends for a batch that skips it
+                    self._running.discard(seq)
+                raise
+            self._add(seq, *_spent(since), out)
             return out
 
         return timed
@@ -83,9 +97,10 @@ class SampleTimer:
             n = max(1, self._batch_len)
         self._send(Probe(self._generation, n, wall / n, cpu / n, 0.0, 0.0, 1, self._batch_len, 0))
 
-    def _add(self, wall: float, cpu: float, got: float, out: Any) -> None:
+    def _add(self, seq: int, wall: float, cpu: float, got: float, out: Any) -> None:
         with self._lock:
-            if self._sent:
+            self._running.discard(seq)
+            if self._sent or self._failed:
                 return
             self._count += 1
             if self._first is None:
@@ -95,8 +110,9 @@ class SampleTimer:
                 self._rest[0] += wall
                 self._rest[1] += got  # side by side: threads that preempt each other gain no more
                 self._threads.add(threading.get_ident())
-            if self._count < min(PROBE_SAMPLES, self._batch_len):
-                return
+            target = min(PROBE_SAMPLES, self._batch_len)
+            if self._count < target or any(s < target for s in self._running):
+                return  # the first samples taken are not all in: one may yet raise
             self._sent = True
             first, (rest_wall, rest_cpu) = self._first, self._rest
             threads = max(1, len(self._threads))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from stoker._cache import shm_room_bytes
-from stoker._osprobe import SHM_DIR
+from stoker._osprobe import SHM_DIR, shm_unwritable
 from stoker.errors import SharedMemoryError
 
 try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
@@ -101,10 +101,25 @@ def _shm_error(needed: int, workers: int, window: int) -> SharedMemoryError:
     )
 
 
+def unwritable_error() -> SharedMemoryError | None:
+    """The error for a ``/dev/shm`` where no segment can be made (read-only, not ours),
+    raised in the main process before any worker starts; None where segments can be made."""
+    why = shm_unwritable()
+    if why is None:
+        return None
+    return SharedMemoryError(
+        f"process workers hand batches over in shared memory ({SHM_DIR}), which must be "
+        f"writable, but it is {why}. Fix: mount {SHM_DIR} read-write (docker run --shm-size=2g; "
+        "Kubernetes: an emptyDir with medium Memory at /dev/shm), or use "
+        "worker_mode='thread' (or 'auto', which then picks threads) or num_workers=0."
+    )
+
+
 def _unlink(name: str) -> None:
     if _posixshmem is None:  # pragma: no cover
         return
-    with contextlib.suppress(FileNotFoundError):
+    # Read-only: the segment was never made. Nothing a worker's exit can do about either.
+    with contextlib.suppress(OSError):
         _posixshmem.shm_unlink("/" + name)
 
 
@@ -386,7 +401,17 @@ def _create(name: str) -> int:
     """A new segment ``name``, as a descriptor."""
     if _posixshmem is None:  # pragma: no cover
         raise SharedMemoryError("process workers need POSIX shared memory.")
-    fd: int = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        fd: int = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        found = unwritable_error()
+        raise found or SharedMemoryError(
+            f"process workers hand batches over in shared memory ({SHM_DIR}), but a segment "
+            f"cannot be made there ({exc.strerror}). Fix: make {SHM_DIR} writable, or use "
+            "worker_mode='thread' or num_workers=0."
+        ) from None
     return fd
 
 

@@ -71,12 +71,17 @@ class Job:
                 if i >= n:
                     return
                 self._next += 1
+            failed = False
             try:
                 self._results[i] = self._fn(self._items[i])
             except BaseException as exc:  # kept for the owner, which raises in index order
                 self._errors[i] = exc
+                failed = True
             with self._cond:
                 self._done += 1
+                if failed and self._next < n:  # the batch raises: load no later sample,
+                    self._done += n - self._next  # as one thread would not, and say so
+                    self._next = n  # soon (a probe must not outrun the error)
                 if self._done == n:
                     self._cond.notify_all()
 

@@ -124,10 +124,24 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
             skip_errors=skip_errors,
             snapshot_every_n_steps=snapshot_every_n_steps,
         )
-        if batch_sampler is None and self.batch_sampler is not None:
-            # the loader's own BatchSampler, made again as stoker.torch's (frozen attribute)
-            own = BatchSampler(self.sampler, self.batch_sampler.batch_size, self.drop_last)
+        self._torch_samplers(sampler is None, batch_sampler is None)
+
+    def _torch_samplers(self, no_sampler: bool, no_batch_sampler: bool) -> None:
+        """Make the samplers stoker's loader made (frozen attributes) torch's types, as
+        torch's loader has them: the loader's own ``BatchSampler``, as stoker.torch's (over
+        what stoker's iterates: a sampler of the wrong kind raises, naming it); a
+        ``SequentialSampler`` beside a given batch_sampler; torch's
+        ``_InfiniteConstantSampler`` over an IterableDataset."""
+        if no_batch_sampler and self.batch_sampler is not None:
+            over = self.batch_sampler.sampler
+            own = BatchSampler(over, self.batch_sampler.batch_size, self.drop_last)
             object.__setattr__(self, "batch_sampler", own)
+        if is_iterable_dataset(self.dataset):
+            infinite = getattr(torch_data.dataloader, "_InfiniteConstantSampler", None)
+            if infinite is not None:
+                object.__setattr__(self, "sampler", infinite())
+        elif no_sampler and not no_batch_sampler:
+            object.__setattr__(self, "sampler", SequentialSampler(self.dataset))
 
 
 class StatefulDataLoader(DataLoader[T_co], _loader.StatefulDataLoader[T_co]):  # type: ignore[misc]
