@@ -810,6 +810,9 @@ def _check_snapshot_every(every: object) -> None:
         raise ValueError(
             f"snapshot_every_n_steps must be >= 0 (0 or None: never), got {every}; pass 1 to "
             "keep the workers' states with every batch."
+        )
+
+
 _TAKES = {
     "sampler": "an iterable of indices (a Sampler), or None",
     "batch_sampler": "an iterable of lists of indices (a BatchSampler), or None",
