@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 T_co = TypeVar("T_co", covariant=True)
 
 _WORKER_MODES = ("process", "thread", "auto")
+_NO_TASK = object()  # an epoch without tasks
 _FROZEN_AFTER_INIT = (
     "batch_size",
     "batch_sampler",
@@ -239,6 +240,10 @@ class DataLoader(Generic[T_co]):
         self._tuner_key: tuple[Any, ...] = ()
         self._memory = EngineMemory()  # what the engine keeps from one iterator to the next
         self.__initialized = True
+        if isinstance(num_workers, (int, np.integer)) and num_workers > 0:
+            from stoker._engine._multi import workers_warning
+
+            workers_warning(int(num_workers), worker_mode)  # torch warns here too
 
     # -- attributes with rules ---------------------------------------------------------
 
@@ -375,30 +380,50 @@ class DataLoader(Generic[T_co]):
         resume, self._resume = self._resume, None
         self._next_epoch = number + 1
         seed = self._seed()
-        # The state that draws this epoch again: read after the draw from stoker's
-        # samplers (its seed or torch stream is known only then), unless the epoch is not
-        # drawn yet (a subclass's lazy __iter__), and before it from others.
-        state = self._sampler_state()
-        tasks = self._tasks()
-        drawn = getattr(self._index_sampler, "_drawn_state", None)
-        if callable(drawn) and state is not None and self._sampler_state() != state:
-            state = drawn()
+        # The epoch's tasks are drawn from the sampler when the iterator first takes one:
+        # at the first next() in process, at iter() with workers (their prefetch), as torch.
+        tasks = self._drawn_tasks(lambda: epoch)  # ``epoch`` is bound just below
         cap = self._skip_cap()
         if resume is None or resume["dataset"] is not None:  # the dataset resumes itself
-            self._current = Epoch(number, seed, tasks, state, skip_cap=cap)
+            epoch = Epoch(number, seed, tasks, None, skip_cap=cap)
         else:
-            self._current = Epoch(
+            epoch = Epoch(
                 number,
                 seed,
                 tasks,
-                state,
+                None,
                 delivered=resume["delivered"],
                 delivered_beyond=frozenset(resume["delivered_beyond"]),
                 refetch=self._iterable,
                 skipped=resume["skipped"],
                 skip_cap=cap,
             )
-        return self._current
+        epoch.drawn = False
+        self._current = epoch
+        return epoch
+
+    def _drawn_tasks(self, epoch: Callable[[], Epoch]) -> Iterator[Any]:
+        """This epoch's tasks (:meth:`_tasks`), drawn from the sampler at the first
+        ``next()``; ``epoch()`` then records the sampler state that draws it again."""
+        # That state is read after the draw from stoker's samplers (its seed or torch
+        # stream is known only then), unless the epoch is not drawn yet (a subclass's lazy
+        # __iter__), and before it from others.
+        state = self._sampler_state()
+        tasks = self._tasks()
+        first = next(tasks, _NO_TASK)  # the draw (of its first part, on a torch stream)
+        drawn = getattr(self._index_sampler, "_drawn_state", None)
+        if callable(drawn) and state is not None and self._sampler_state() != state:
+            state = drawn()
+        epoch().sampler_state, epoch().drawn = state, True
+        if first is not _NO_TASK:
+            yield first
+            yield from tasks
+
+    def _pending_sampler_state(self) -> dict[str, Any] | None:
+        """The sampler state that draws the epoch a draw now would (the epoch of an
+        iterator not yet drawn from)."""
+        pending = getattr(self._index_sampler, "_pending_state", None)
+        return pending() if callable(pending) else self._sampler_state()
 
     def _sampler_state(self) -> dict[str, Any] | None:
         get = getattr(self._index_sampler, "state_dict", None)
@@ -425,7 +450,9 @@ class DataLoader(Generic[T_co]):
             skipped = 0
         else:
             epoch, delivered, beyond = cur.number, cur.prefix, sorted(cur.beyond)
-            sampler, skipped = cur.sampler_state, cur.skipped
+            # not drawn yet (iter() without a next()): the state that draws it now
+            sampler = cur.sampler_state if cur.drawn else self._pending_sampler_state()
+            skipped = cur.skipped
         get_dataset_state = getattr(self.dataset, "state_dict", None)
         return {
             "version": STATE_VERSION,
@@ -657,11 +684,18 @@ class DataLoader(Generic[T_co]):
         """torch's warning when an iterable dataset yields more than ``len()`` said."""
         reported = self._iterable_len_reported
         if reported is not None and yielded > reported:
+            # torch's words: "samples" counts what the loader yielded (batches, if batched).
+            why = (
+                " For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker: shard the stream "
+                "on get_worker_info() (or use ShardedIterable)."
+                if self.num_workers != 0
+                else ""
+            )
             warnings.warn(
                 f"Length of IterableDataset {self.dataset} was reported to be {reported} "
-                f"(when accessing len(dataloader)), but {yielded} batches have been "
-                "fetched. For multiprocessing data-loading, this could be caused by not "
-                "properly configuring the IterableDataset replica at each worker.",
+                f"(when accessing len(dataloader)), but {yielded} samples have been "
+                f"fetched (the loader's items: batches when batched).{why}",
                 UserWarning,
                 stacklevel=3,
             )
