@@ -98,9 +98,10 @@ def test_two_hundred_live_batches_need_no_descriptors() -> None:
 def test_running_out_of_descriptors_raises_torchs_error_with_advice() -> None:
     """When the process has no descriptor left for the next batch's segment, stoker raises
     torch's RuntimeError with torch's phrases ("ulimit -n", "set_sharing_strategy"), then
-    says its batches hold none and where they are held; as torch raises there."""
+    says its batches hold none and where they are held. torch fails there too (2.13: that
+    RuntimeError; 2.14: a bare OSError from where it runs out first)."""
     torch_line, _ = _run("torch", "exhaust")
-    assert torch_line.startswith("RAISED RuntimeError"), torch_line
+    assert torch_line.startswith("RAISED") and "Too many open files" in torch_line, torch_line
     line, pid = _run("stoker", "exhaust")
     assert line.startswith("RAISED RuntimeError Too many open files."), line
     for phrase in ("ulimit -n", "set_sharing_strategy('file_system')", "limit is 100",
