@@ -10,6 +10,7 @@ recognised), and batches are tensors unless ``tensor_type="numpy"`` is asked.
 from __future__ import annotations
 
 import multiprocessing.context
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -113,3 +114,17 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
             # the loader's own BatchSampler, made again as stoker.torch's (frozen attribute)
             own = BatchSampler(self.sampler, self.batch_sampler.batch_size, self.drop_last)
             object.__setattr__(self, "batch_sampler", own)
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Asked by Accelerate's ``Accelerator.prepare_data_loader``: the loader is then
+        prepared in place, on stoker's engine (see :mod:`stoker.torch._accelerate`)."""
+        if "_accelerate_prepared" in self.__dict__:
+            return bool(self.__dict__["_accelerate_prepared"])
+        from stoker.torch._accelerate import prepare_in_place
+
+        return prepare_in_place(self, sys._getframe(1))
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self.__dict__["_accelerate_prepared"] = value
