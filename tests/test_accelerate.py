@@ -220,3 +220,27 @@ def test_other_readers_of_the_flag_change_nothing() -> None:
         warnings.simplefilter("error")
         assert loader._is_accelerate_prepared is False
     assert type(loader) is st.DataLoader
+
+
+def _seed_worker(worker_id: int) -> None:
+    """What transformers' ``seed_worker`` does: seed from torch's worker seed."""
+    np.random.seed(torch.initial_seed() % 2**32)
+
+
+@pytest.mark.multiprocess
+def test_trainer_style_loaders_keep_stoker(accelerator: Any) -> None:
+    """The loaders HF Trainer builds and prepares (with ``transformers.trainer.DataLoader``
+    set to stoker.torch's, docs/guide.md): a torch RandomSampler for training, a
+    SequentialSampler for evaluation, its worker_init_fn; both stay stoker's and cover
+    the data once."""
+    td = torch.utils.data
+    ds = _Rows(14)
+    common: dict[str, Any] = {"batch_size": 4, "num_workers": 2, "worker_init_fn": _seed_worker}
+    train = accelerator.prepare(st.DataLoader(ds, sampler=td.RandomSampler(ds), **common))
+    evaluate = accelerator.prepare(st.DataLoader(ds, sampler=td.SequentialSampler(ds), **common))
+    for loader in (train, evaluate):
+        assert isinstance(loader, st.DataLoader)
+        got = list(loader)
+        assert sorted(i for b in got for i in b[:, 0].tolist()) == list(range(14))
+        assert os.getpid() not in {int(p) for b in got for p in b[:, 1]}
+    assert [b[:, 0].tolist() for b in evaluate][:1] == [[0, 1, 2, 3]]

@@ -1,18 +1,14 @@
 """Accelerate keeps stoker: ``accelerator.prepare(stoker.torch.DataLoader(...))`` prepares
 the loader in place instead of rebuilding it as a plain torch ``DataLoader``.
 
-``Accelerator.prepare_data_loader`` returns a loader that says it is prepared
-(``_is_accelerate_prepared``) as it is, and saves and loads, with ``save_state()`` /
-``load_state()``, the ``state_dict()`` of a loader that says ``use_stateful_dataloader``:
-both are duck-typed checks that Accelerate has made for many releases. When Accelerate
-asks a stoker loader whether it is prepared, :func:`prepare_in_place` reads the asking
-Accelerator's settings, shards the loader's batches as Accelerate's ``BatchSamplerShard``
-does (each process its part, every sample once an epoch, ``even_batches``, ``split_batches``),
-keeps its shuffling generator in step across processes as Accelerate does, and turns the
-loader into a :class:`PreparedLoader`: batches placed on the device, Accelerate's gradient
-state (the end of the loader, the padding remainder) kept, and a ``state_dict()`` of the
-batches the loop has seen. Where the settings need what stoker does not do, Accelerate
-rebuilds the loader, and a warning (once a reason) says what is lost and the fix.
+Accelerate returns a loader that says it is prepared (``_is_accelerate_prepared``) as it is,
+and its ``save_state()`` / ``load_state()`` keep the ``state_dict()`` of one that says
+``use_stateful_dataloader``: duck-typed checks of many releases. Asked, the loader shards
+itself as Accelerate's ``BatchSamplerShard`` does, keeps its shuffling generator in step
+across processes, and becomes a :class:`PreparedLoader` (batches on the device, the
+gradient state told, a ``state_dict()`` of the batches seen). Where the settings need what
+stoker does not do, Accelerate rebuilds it, after a warning (once a reason) naming what is
+lost and the fix. ``docs/guide.md``, "Accelerate and HF Trainer".
 """
 
 from __future__ import annotations
