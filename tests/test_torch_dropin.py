@@ -13,7 +13,7 @@ import json
 import multiprocessing
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import pytest
 
 import stoker
 import stoker.torch as st
+from test_torch_errors import _overrunning
 
 torch = pytest.importorskip("torch")
 td = torch.utils.data
@@ -201,17 +202,6 @@ def test_stack_dataset_phrases_as_torch(m: Any) -> None:
         assert isinstance(ours, ValueError) and phrase in str(ours), ours
 
 
-def _overrunning(m: Any) -> Any:
-    class Overrun(m.IterableDataset):  # type: ignore[misc, name-defined]
-        def __iter__(self) -> Iterator[int]:
-            return iter(range(5))
-
-        def __len__(self) -> int:
-            return 3
-
-    return Overrun()
-
-
 @pytest.mark.parametrize("m", [stoker, st], ids=["stoker", "stoker.torch"])
 def test_iterable_length_warning_says_samples_as_torch(m: Any) -> None:
     """The overrun warning says "N samples have been fetched" as torch's does, at the same
@@ -220,15 +210,15 @@ def test_iterable_length_warning_says_samples_as_torch(m: Any) -> None:
     for name, mod in (("torch", td), ("ours", m)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            loader = mod.DataLoader(_overrunning(mod), batch_size=None)
-            assert len(loader) == 3
+            loader = mod.DataLoader(_overrunning(mod), batch_size=None)  # len 2, yields 4
+            assert len(loader) == 2
             list(loader)
         said[name] = [str(w.message) for w in caught if "Length of Iterable" in str(w.message)]
     assert len(said["ours"]) == len(said["torch"]) == 2
     for k, text in enumerate(said["ours"]):
         for message in (said["torch"][k], text):
-            assert "was reported to be 3" in message and "when accessing len(" in message
-            assert f"but {4 + k} samples have been fetched" in message
+            assert "was reported to be 2" in message and "when accessing len(" in message
+            assert f"but {3 + k} samples have been fetched" in message
 
 
 # -- workers ---------------------------------------------------------------------------

@@ -114,6 +114,13 @@ def _one_chunk(sampler: Any) -> Iterator[IndexArray]:
     yield sampler._epoch_indices()
 
 
+def _lazy_ints(chunks: Iterator[IndexArray]) -> Iterator[int]:
+    """The indices of ``chunks`` as Python ints, each chunk drawn when the first of its
+    indices (or one past the end) is asked for, as torch's generators draw; iterated at C
+    speed (a generator would resume per index)."""
+    return itertools.chain.from_iterable(chunk.tolist() for chunk in chunks)
+
+
 def _join(chunks: list[IndexArray]) -> IndexArray:
     """The chunks as one array (the only one itself, uncopied)."""
     return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
@@ -595,8 +602,7 @@ class RandomSampler(_SeededSampler):
 
     @_fast_iter
     def __iter__(self) -> Iterator[int]:
-        for chunk in self._epoch_chunks():  # each drawn when torch's is
-            yield from chunk.tolist()
+        return _lazy_ints(self._epoch_chunks())
 
     def __len__(self) -> int:
         return self.num_samples
@@ -657,7 +663,7 @@ class SubsetRandomSampler(_SeededSampler):
 
     @_fast_iter
     def __iter__(self) -> Iterator[int]:
-        yield from self._epoch_indices().tolist()  # drawn at the first next(), as torch's
+        return _lazy_ints(_one_chunk(self))
 
     def __len__(self) -> int:
         return len(self._index_array)
@@ -814,7 +820,7 @@ class WeightedRandomSampler(_SeededSampler):
 
     @_fast_iter
     def __iter__(self) -> Iterator[int]:
-        yield from self._epoch_indices().tolist()  # drawn at the first next(), as torch's
+        return _lazy_ints(_one_chunk(self))
 
     def __len__(self) -> int:
         return self.num_samples
