@@ -54,8 +54,12 @@ _SCRIPT = textwrap.dedent(
     def batches(loader):
         return [b.tolist() for b in loader]
 
-    def make(module):
-        return module.DataLoader(Rows(), batch_size=3, shuffle=True, num_workers=2)
+    def make(module, rows=None):
+        return module.DataLoader(rows or Rows(), batch_size=3, shuffle=True, num_workers=2)
+
+    class Odd(Rows):  # padded by even_batches: 23 = 2 processes x 4 batches x 3 - 1
+        def __len__(self):
+            return 23
 
     report = {"rank": rank, "main_pid": os.getpid()}
     if mode == "run":
@@ -69,6 +73,8 @@ _SCRIPT = textwrap.dedent(
         acc.save_state(ckpt)
         report["rest"] = batches(it)
         report["torch_sizes"] = [len(b) for b in batches(acc.prepare(make(torch.utils.data)))]
+        report["odd"] = batches(acc.prepare(make(st, Odd())))
+        report["odd_torch"] = batches(acc.prepare(make(torch.utils.data, Odd())))
     else:
         loader = acc.prepare(make(st))
         acc.load_state(ckpt)
@@ -122,8 +128,9 @@ def _indices(batches: list[list[list[int]]]) -> list[list[int]]:
 @pytest.mark.multiprocess
 def test_accelerate_launch_two_processes_keeps_stoker_and_resumes(tmp_path: Path) -> None:
     """2 processes under accelerate launch: disjoint shards covering the epoch, batches
-    from stoker's workers, and save_state() mid-epoch + load_state() in a new launch
-    giving exactly the remaining batches."""
+    from stoker's workers, even_batches padding as Accelerate pads torch's loader, and
+    save_state() mid-epoch + load_state() in a new launch giving exactly the remaining
+    batches."""
     n = 24  # 4 batches of 3 per process: no padding
     runs = _launch(tmp_path, "run", n)
     for r in runs:
@@ -136,6 +143,12 @@ def test_accelerate_launch_two_processes_keeps_stoker_and_resumes(tmp_path: Path
     assert not first & second and first | second == set(range(n))
     epoch1 = [_samples(r["head"] + r["rest"]) for r in runs]
     assert not set(epoch1[0]) & set(epoch1[1]) and set(epoch1[0] + epoch1[1]) == set(range(n))
+    # even_batches: as Accelerate pads torch's loader, every process gets 4 full batches,
+    # the epoch's 23 samples all there and one of them twice
+    odd = [_samples(r["odd"]) for r in runs]
+    assert [[len(b) for b in r["odd"]] for r in runs] == [[3] * 4] * 2
+    assert [[len(b) for b in r["odd_torch"]] for r in runs] == [[3] * 4] * 2
+    assert set(odd[0] + odd[1]) == set(range(23)) and len(odd[0] + odd[1]) == 24
     resumed = _launch(tmp_path, "resume", n)
     for r, again in zip(runs, resumed, strict=True):
         assert _indices(again["resumed"]) == _indices(r["rest"]) and len(r["rest"]) == 2
