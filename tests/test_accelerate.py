@@ -220,8 +220,10 @@ def test_where_stoker_cannot_stay_it_warns_once(accelerator: Any) -> None:
         warnings.simplefilter("always")
         for _ in range(2):
             out = accelerator.prepare(st.DataLoader(_Rows(8), batch_size=4))
-    said = [str(w.message) for w in caught if "stoker" in str(w.message)]
+    mine = [w for w in caught if "stoker" in str(w.message)]
+    said = [str(w.message) for w in mine]
     assert len(said) == 1 and "dispatch_batches=True" in said[0]
+    assert mine[0].filename == __file__, "it points at the prepare() line"
     assert "workers" in said[0] and "Fix:" in said[0]
     assert not isinstance(out, st.DataLoader)
 

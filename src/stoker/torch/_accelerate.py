@@ -13,6 +13,7 @@ lost and the fix. ``docs/guide.md``, "Accelerate and HF Trainer".
 
 from __future__ import annotations
 
+import sys
 import warnings
 from types import FrameType
 from typing import Any, NamedTuple
@@ -118,8 +119,20 @@ def _warn_lost(why: str) -> None:
         "per process yourself (stoker.torch.DistributedSampler or ShardedIterable) and "
         "iterate the stoker loader without prepare().",
         UserWarning,
-        stacklevel=4,
+        stacklevel=_caller_level(),
     )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the user's ``accelerator.prepare()`` line, for a warning made
+    by this module's caller (the first frame outside stoker and Accelerate)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _INNER:
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
+
+
+_INNER = ("stoker", "accelerate")
 
 
 def _synchronized_generator(loader: Any) -> Any:
