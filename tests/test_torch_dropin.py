@@ -272,6 +272,11 @@ def test_iterator_workers_are_processes_with_pids_as_torch() -> None:
         assert {int(b[0][1]) for b in it} <= pids
         del it
         assert not hasattr(iter(m.DataLoader(_Pid())), "_workers")
+    # a fixed count may load in process where only stoker's code runs: then no workers
+    for _ in range(2):
+        it = iter(st.DataLoader(st.TensorDataset(np.arange(8)), batch_size=2, num_workers=2))
+        assert isinstance(it._workers, list)
+        assert len(list(it)) == 4
 
 
 def test_thread_workers_are_listed_as_threads() -> None:
