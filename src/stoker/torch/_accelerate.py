@@ -13,6 +13,7 @@ lost and the fix. ``docs/guide.md``, "Accelerate and HF Trainer".
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from types import FrameType
@@ -48,7 +49,8 @@ def prepare_in_place(loader: Any, caller: FrameType | None) -> bool:
         _warn_lost(why)
         return False
     assert acc is not None
-    generator = _synchronized_generator(loader)
+    # Accelerate keeps a generator in step only where processes share the epoch
+    generator = _synchronized_generator(loader) if acc.num_processes > 1 else None
     rng_types = [t for t in acc.rng_types if t != "generator" or generator is not None]
     if acc.num_processes > 1:
         object.__setattr__(loader, "batch_sampler", _shard(loader, acc))
@@ -302,6 +304,7 @@ class PreparedLoader:
     def _start(self) -> None:
         """Tell Accelerate's gradient state that this loader runs (and its padding)."""
         self.end_of_dataloader, self.remainder = False, -1
-        if not self.drop_last:  # type: ignore[attr-defined]
-            self.remainder = len(self.dataset) % self.total_batch_size  # type: ignore[attr-defined]
+        if not self.drop_last and self.batch_sampler is not None:  # type: ignore[attr-defined]
+            with contextlib.suppress(TypeError):  # a dataset without len()
+                self.remainder = len(self.dataset) % self.total_batch_size  # type: ignore[attr-defined]
         self.gradient_state._add_dataloader(self)
