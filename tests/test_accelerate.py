@@ -259,3 +259,18 @@ def test_trainer_style_loaders_keep_stoker(accelerator: Any) -> None:
         assert sorted(i for b in got for i in b[:, 0].tolist()) == list(range(14))
         assert os.getpid() not in {int(p) for b in got for p in b[:, 1]}
     assert [b[:, 0].tolist() for b in evaluate][:1] == [[0, 1, 2, 3]]
+
+
+def test_one_process_prepares_streams_and_unbatched_loaders(accelerator: Any) -> None:
+    """In one process an IterableDataset and batch_size=None stay stoker's too, with the
+    batches a plain stoker loader gives."""
+
+    class Stream(st.IterableDataset):  # type: ignore[misc]
+        def __iter__(self) -> Any:
+            return iter(np.arange(5))
+
+    stream = accelerator.prepare(st.DataLoader(Stream(), batch_size=2))
+    single = accelerator.prepare(st.DataLoader(list(range(5)), batch_size=None))
+    assert isinstance(stream, st.DataLoader) and isinstance(single, st.DataLoader)
+    assert [b.tolist() for b in stream] == [[0, 1], [2, 3], [4]]
+    assert [int(x) for x in single] == [0, 1, 2, 3, 4]
