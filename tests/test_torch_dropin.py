@@ -287,3 +287,22 @@ def test_thread_workers_are_listed_as_threads() -> None:
     assert len(workers) == 2 and all(isinstance(w, threading.Thread) for w in workers)
     assert all(w.is_alive() for w in workers)
     assert len(list(it)) == 4
+
+
+def test_drawing_at_the_first_next_adds_no_reference_cycle() -> None:
+    """The lazily drawn epoch holds neither the loader nor itself: a loader and its
+    iterator, dropped mid-epoch, are freed at once, without the cyclic collector."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        loader = st.DataLoader(list(range(10)), batch_size=2, shuffle=True)
+        it = iter(loader)
+        next(it)
+        refs = [weakref.ref(loader), weakref.ref(it), weakref.ref(loader._current)]
+        del it, loader
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        gc.enable()

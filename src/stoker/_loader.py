@@ -12,6 +12,7 @@ import math
 import multiprocessing
 import multiprocessing.context
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
@@ -336,10 +337,7 @@ class DataLoader(Generic[T_co]):
 
         An iterable dataset orders itself: its tasks are an endless stream of None.
         """
-        if self._iterable:
-            return itertools.repeat(None)
-        arrays = batch_arrays(self.batch_sampler)
-        return arrays if arrays is not None else iter(self._index_sampler)
+        return _tasks_of(self.batch_sampler, self._index_sampler, self._iterable)
 
     def _seed(self) -> int:
         """The loader's base seed, drawn once from ``generator`` (see API.md).
@@ -382,7 +380,8 @@ class DataLoader(Generic[T_co]):
         seed = self._seed()
         # The epoch's tasks are drawn from the sampler when the iterator first takes one:
         # at the first next() in process, at iter() with workers (their prefetch), as torch.
-        tasks = self._drawn_tasks(lambda: epoch)  # ``epoch`` is bound just below
+        ref: list[weakref.ref[Epoch]] = []  # weak: the epoch holds its tasks
+        tasks = _drawn_tasks(self.batch_sampler, self._index_sampler, self._iterable, ref)
         cap = self._skip_cap()
         if resume is None or resume["dataset"] is not None:  # the dataset resumes itself
             epoch = Epoch(number, seed, tasks, None, skip_cap=cap)
@@ -399,25 +398,9 @@ class DataLoader(Generic[T_co]):
                 skip_cap=cap,
             )
         epoch.drawn = False
+        ref.append(weakref.ref(epoch))
         self._current = epoch
         return epoch
-
-    def _drawn_tasks(self, epoch: Callable[[], Epoch]) -> Iterator[Any]:
-        """This epoch's tasks (:meth:`_tasks`), drawn from the sampler at the first
-        ``next()``; ``epoch()`` then records the sampler state that draws it again."""
-        # That state is read after the draw from stoker's samplers (its seed or torch
-        # stream is known only then), unless the epoch is not drawn yet (a subclass's lazy
-        # __iter__), and before it from others.
-        state = self._sampler_state()
-        tasks = self._tasks()
-        first = next(tasks, _NO_TASK)  # the draw (of its first part, on a torch stream)
-        drawn = getattr(self._index_sampler, "_drawn_state", None)
-        if callable(drawn) and state is not None and self._sampler_state() != state:
-            state = drawn()
-        epoch().sampler_state, epoch().drawn = state, True
-        if first is not _NO_TASK:
-            yield first
-            yield from tasks
 
     def _pending_sampler_state(self) -> dict[str, Any] | None:
         """The sampler state that draws the epoch a draw now would (the epoch of an
@@ -426,8 +409,7 @@ class DataLoader(Generic[T_co]):
         return pending() if callable(pending) else self._sampler_state()
 
     def _sampler_state(self) -> dict[str, Any] | None:
-        get = getattr(self._index_sampler, "state_dict", None)
-        return get() if get is not None and not self._iterable else None
+        return _state_of(self._index_sampler, self._iterable)
 
     def state_dict(self) -> dict[str, Any]:
         """A small, JSON-serialisable checkpoint of where iteration stands.
@@ -699,6 +681,44 @@ class DataLoader(Generic[T_co]):
                 UserWarning,
                 stacklevel=3,
             )
+
+
+def _tasks_of(batch_sampler: Any, index_sampler: Any, iterable: bool) -> Iterator[Any]:
+    """An epoch's tasks (see ``DataLoader._tasks``)."""
+    if iterable:
+        return itertools.repeat(None)
+    arrays = batch_arrays(batch_sampler)
+    return arrays if arrays is not None else iter(index_sampler)
+
+
+def _state_of(index_sampler: Any, iterable: bool) -> dict[str, Any] | None:
+    """The index sampler's ``state_dict()``, or None (none, or an iterable dataset)."""
+    get = getattr(index_sampler, "state_dict", None)
+    return get() if get is not None and not iterable else None
+
+
+def _drawn_tasks(
+    batch_sampler: Any, index_sampler: Any, iterable: bool, epoch: list[weakref.ref[Epoch]]
+) -> Iterator[Any]:
+    """An epoch's tasks, drawn from the sampler at the first ``next()``; the epoch
+    (``epoch[0]``, weakly held: it holds these tasks, and nothing here holds the loader)
+    then records the sampler state that draws it again."""
+    # That state is read after the draw from stoker's samplers (its seed or torch stream is
+    # known only then), unless the epoch is not drawn yet (a subclass's lazy __iter__), and
+    # before it from others.
+    state = _state_of(index_sampler, iterable)
+    tasks = _tasks_of(batch_sampler, index_sampler, iterable)
+    first = next(tasks, _NO_TASK)  # the draw (of its first part, on a torch stream)
+    drawn = getattr(index_sampler, "_drawn_state", None)
+    if callable(drawn) and state is not None and _state_of(index_sampler, iterable) != state:
+        state = drawn()
+    mine = epoch[0]() if epoch else None
+    if mine is not None:
+        mine.sampler_state, mine.drawn = state, True
+    del mine  # this frame lives as long as the epoch: it must not hold it
+    if first is not _NO_TASK:
+        yield first
+        yield from tasks
 
 
 def _check_skip_errors(skip_errors: object) -> None:
