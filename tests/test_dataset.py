@@ -540,7 +540,7 @@ def test_stack_dataset_errors() -> None:
 def test_stack_dataset_checks_inner_batch_size() -> None:
     """An inner __getitems__ returning the wrong number of samples raises ValueError."""
     ds = StackDataset(Squares(4), ShortBatch(4))
-    with pytest.raises(ValueError, match="asked for 2, got 1"):
+    with pytest.raises(ValueError, match="output size mismatch\\. Expected 2, got 1"):
         ds.__getitems__([0, 1])
 
 

@@ -522,10 +522,11 @@ def test_in_order_window_bounds_a_fast_worker(kw: dict[str, Any]) -> None:
 
 
 def test_worker_count_warning_counts_available_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """More process workers than usable CPUs warns as an iterator starts them (as torch
-    warns); thread workers never do."""
+    """More process workers than usable CPUs warns as the loader is made and as an
+    iterator starts them (as torch warns); thread workers never do."""
     monkeypatch.setattr(_multi, "available_cpus", lambda: 2)
-    loader = DataLoader(_data(), num_workers=3)  # nothing started: nothing said
+    with pytest.warns(UserWarning, match="suggested max number of worker in current system is 2"):
+        loader = DataLoader(_data(), num_workers=3)
     with pytest.warns(UserWarning, match="suggested max number of worker in current system is 2"):
         it = iter(loader)
     del it

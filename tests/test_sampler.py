@@ -310,7 +310,7 @@ def test_weighted_validates_weights_when_drawn(
     s = WeightedRandomSampler(weights, **kw)  # type: ignore[arg-type]
     for kind in (WeightsError, RuntimeError, ValueError):
         with pytest.raises(kind, match=match):
-            iter(s)
+            next(iter(s))
 
 
 @pytest.mark.parametrize(
@@ -339,7 +339,7 @@ def test_weighted_reassigned_weights_are_used() -> None:
     assert set(s) == {1}
     s.weights = [-1.0, 1.0]  # checked when drawn, as torch's multinomial checks it
     with pytest.raises(ValueError, match="probability entry < 0"):
-        iter(s)
+        next(iter(s))
     assert s.weights.dtype == np.float64 and len(s) == 50
 
 
@@ -540,17 +540,25 @@ def test_state_epoch_edit_skips_ahead_and_rewinds() -> None:
     assert [list(s), list(s)] == epochs[1:3]
 
 
-def test_epoch_advances_when_iter_is_called() -> None:
-    """iter() (not the first next()) draws the epoch, also through a BatchSampler."""
+def test_epoch_advances_at_the_first_next() -> None:
+    """The first next() (not iter(), as torch's generators) draws the epoch, also through a
+    BatchSampler; the loader's fast path draws when asked."""
     s = SubsetRandomSampler([1, 2, 3], generator=0)
     it = iter(s)
+    assert s.state_dict()["epoch"] == 0
+    first = next(it)
     assert s.state_dict()["epoch"] == 1
     b = BatchSampler(s, 2, drop_last=False)
     bit = iter(b)
+    assert b.state_dict()["sampler"]["epoch"] == 1
+    batches = [next(bit)]
     assert b.state_dict()["sampler"]["epoch"] == 2
-    _ = b._iter_arrays()
+    arrays = b._iter_arrays()
+    assert s.state_dict()["epoch"] == 2
+    _ = next(arrays)
     assert s.state_dict()["epoch"] == 3
-    assert sorted(it) == [1, 2, 3] and sum(len(x) for x in bit) == 3
+    batches.extend(bit)
+    assert sorted([first, *it]) == [1, 2, 3] and sum(len(x) for x in batches) == 3
 
 
 def test_epoch_indices_advances_like_iter() -> None:

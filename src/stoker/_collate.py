@@ -474,9 +474,12 @@ def _stack_tensors(
 ) -> Any:
     elem = batch[0]
     if elem.is_nested or elem.layout != torch.strided:
+        kind = "nested" if elem.is_nested else "sparse"
         raise CollateError(
-            f"{_where(0, field)} is a {'nested' if elem.is_nested else elem.layout} tensor; "
-            f"default_collate stacks only dense tensors: {_FIX}."
+            f"Batches of {kind} tensors are not currently supported by the default "
+            f"collate_fn: {_where(0, field)} is a "
+            f"{'nested' if elem.is_nested else elem.layout} tensor, and default_collate "
+            f"stacks only dense tensors; convert them to dense tensors {_FIX}."
         )
     out = _tensor_out(batch, torch, alloc) if alloc is not None else None
     try:

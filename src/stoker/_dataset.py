@@ -210,8 +210,8 @@ class StackDataset(Dataset[Any]):
     def __init__(self, *args: SizedDataset[Any], **kwargs: SizedDataset[Any]) -> None:
         if args and kwargs:
             raise ValueError(
-                "StackDataset supports either tuple-like (via args) or dict-like (via kwargs) "
-                "input/output, but both types are given: pass the datasets either "
+                "Supported either tuple- (via args) or dict- (via kwargs) like input/output, "
+                "but both types are given: pass StackDataset's datasets either "
                 "positionally (tuple samples) or by keyword (dict samples)."
             )
         if not args and not kwargs:
@@ -661,8 +661,9 @@ def _fetch_rows(dataset: Any, batch: _Indices) -> Sequence[Any]:
     rows = getitems(batch.array if wants_array else batch.as_list())
     if len(rows) != len(batch.array):
         raise ValueError(
-            f"{type(dataset).__name__}.__getitems__ must return one sample per index: asked "
-            f"for {len(batch.array)}, got {len(rows)}."
+            f"Nested dataset's output size mismatch. Expected {len(batch.array)}, got "
+            f"{len(rows)}: {type(dataset).__name__}.__getitems__ must return one sample per "
+            "index it is given."
         )
     return rows  # type: ignore[no-any-return]
 

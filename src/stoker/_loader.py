@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 T_co = TypeVar("T_co", covariant=True)
 
 _WORKER_MODES = ("process", "thread", "auto")
+_NO_TASK = object()  # an epoch without tasks
 _FROZEN_AFTER_INIT = (
     "batch_size",
     "batch_sampler",
@@ -260,6 +261,10 @@ class DataLoader(Generic[T_co]):
         self._tuner_key: tuple[Any, ...] = ()
         self._memory = EngineMemory()  # what the engine keeps from one iterator to the next
         self.__initialized = True
+        if isinstance(num_workers, (int, np.integer)) and num_workers > 0:
+            from stoker._engine._multi import workers_warning
+
+            workers_warning(int(num_workers), worker_mode)  # torch warns here too
 
     # -- attributes with rules ---------------------------------------------------------
 
@@ -366,10 +371,7 @@ class DataLoader(Generic[T_co]):
 
         An iterable dataset orders itself: its tasks are an endless stream of None.
         """
-        if self._iterable:
-            return itertools.repeat(None)
-        arrays = batch_arrays(self.batch_sampler)
-        return arrays if arrays is not None else iter(self._index_sampler)
+        return _tasks_of(self.batch_sampler, self._index_sampler, self._iterable)
 
     def _seed(self) -> int:
         """The loader's base seed, drawn once from ``generator`` (``docs/contract.md``).
@@ -410,38 +412,43 @@ class DataLoader(Generic[T_co]):
         resume, self._resume = self._resume, None
         self._next_epoch = number + 1
         seed = self._seed()
-        # The state that draws this epoch again: read after the draw from stoker's
-        # samplers (its seed or torch stream is known only then), unless the epoch is not
-        # drawn yet (a subclass's lazy __iter__), and before it from others.
-        state = self._sampler_state()
-        tasks = self._tasks()
-        drawn = getattr(self._index_sampler, "_drawn_state", None)
-        if callable(drawn) and state is not None and self._sampler_state() != state:
-            state = drawn()
+        # The epoch's tasks are drawn from the sampler when the iterator first takes one:
+        # at the first next() in process, at iter() with workers (their prefetch), as torch.
+        ref: list[weakref.ref[Epoch]] = []  # weak: the epoch holds its tasks
+        tasks = _drawn_tasks(self.batch_sampler, self._index_sampler, self._iterable, ref)
         cap = self._skip_cap()
         stream = resume.get("stream") if resume is not None else None
         if resume is None or (stream is None and resume["dataset"] is not None):
-            self._current = Epoch(number, seed, tasks, state, skip_cap=cap)  # or it resumes itself
+            epoch = Epoch(number, seed, tasks, None, skip_cap=cap)  # or it resumes itself
         else:  # a stateful stream's workers resume from their states: nothing fetched again
             at = resume if stream is None else stream
-            self._current = Epoch(
+            epoch = Epoch(
                 number,
                 seed,
                 tasks,
-                state,
+                None,
                 delivered=at["delivered"],
                 delivered_beyond=frozenset(at["delivered_beyond"]),
                 refetch=self._iterable and stream is None,
                 skipped=resume["skipped"],
                 skip_cap=cap,
             )
+        epoch.drawn = False
+        ref.append(weakref.ref(epoch))
+        self._current = epoch
         if self._iterable and self.num_workers != "auto":  # "auto": workers vary, replayed
-            self._current.make_stream = functools.partial(
+            epoch.make_stream = functools.partial(
                 StreamLog, self._stream_workers(), self.snapshot_every_n_steps
             )
             if stream is not None or is_stateful(self.dataset):
-                self._current.stream = self._current.make_stream(stream)
-        return self._current
+                epoch.stream = epoch.make_stream(stream)
+        return epoch
+
+    def _pending_sampler_state(self) -> dict[str, Any] | None:
+        """The sampler state that draws the epoch a draw now would (the epoch of an
+        iterator not yet drawn from)."""
+        pending = getattr(self._index_sampler, "_pending_state", None)
+        return pending() if callable(pending) else self._sampler_state()
 
     def _stream_workers(self) -> int:
         """The worker count a stateful stream's checkpoint names (0: in process; "auto"
@@ -449,8 +456,7 @@ class DataLoader(Generic[T_co]):
         return -1 if self.num_workers == "auto" else int(self.num_workers)
 
     def _sampler_state(self) -> dict[str, Any] | None:
-        get = getattr(self._index_sampler, "state_dict", None)
-        return get() if get is not None and not self._iterable else None
+        return _state_of(self._index_sampler, self._iterable)
 
     def state_dict(self) -> dict[str, Any]:
         """A small, JSON-serialisable checkpoint of where iteration stands.
@@ -476,7 +482,9 @@ class DataLoader(Generic[T_co]):
             skipped = 0
         else:
             epoch, delivered, beyond = cur.number, cur.prefix, sorted(cur.beyond)
-            sampler, skipped = cur.sampler_state, cur.skipped
+            # not drawn yet (iter() without a next()): the state that draws it now
+            sampler = cur.sampler_state if cur.drawn else self._pending_sampler_state()
+            skipped = cur.skipped
         stream = None
         if cur is not None and not cur.finished and cur.stream is not None:
             stream = cur.stream.checkpoint(cur.prefix, cur.beyond)
@@ -745,14 +753,59 @@ class DataLoader(Generic[T_co]):
         """torch's warning when an iterable dataset yields more than ``len()`` said."""
         reported = self._iterable_len_reported
         if reported is not None and yielded > reported:
+            # torch's words: "samples" counts what the loader yielded (batches, if batched).
+            why = (
+                " For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker: shard the stream "
+                "on get_worker_info() (or use ShardedIterable)."
+                if self.num_workers != 0
+                else ""
+            )
             warnings.warn(
                 f"Length of IterableDataset {self.dataset} was reported to be {reported} "
-                f"(when accessing len(dataloader)), but {yielded} batches have been "
-                "fetched. For multiprocessing data-loading, this could be caused by not "
-                "properly configuring the IterableDataset replica at each worker.",
+                f"(when accessing len(dataloader)), but {yielded} samples have been "
+                f"fetched (the loader's items: batches when batched).{why}",
                 UserWarning,
                 stacklevel=3,
             )
+
+
+def _tasks_of(batch_sampler: Any, index_sampler: Any, iterable: bool) -> Iterator[Any]:
+    """An epoch's tasks (see ``DataLoader._tasks``)."""
+    if iterable:
+        return itertools.repeat(None)
+    arrays = batch_arrays(batch_sampler)
+    return arrays if arrays is not None else iter(index_sampler)
+
+
+def _state_of(index_sampler: Any, iterable: bool) -> dict[str, Any] | None:
+    """The index sampler's ``state_dict()``, or None (none, or an iterable dataset)."""
+    get = getattr(index_sampler, "state_dict", None)
+    return get() if get is not None and not iterable else None
+
+
+def _drawn_tasks(
+    batch_sampler: Any, index_sampler: Any, iterable: bool, epoch: list[weakref.ref[Epoch]]
+) -> Iterator[Any]:
+    """An epoch's tasks, drawn from the sampler at the first ``next()``; the epoch
+    (``epoch[0]``, weakly held: it holds these tasks, and nothing here holds the loader)
+    then records the sampler state that draws it again."""
+    # That state is read after the draw from stoker's samplers (its seed or torch stream is
+    # known only then), unless the epoch is not drawn yet (a subclass's lazy __iter__), and
+    # before it from others.
+    state = _state_of(index_sampler, iterable)
+    tasks = _tasks_of(batch_sampler, index_sampler, iterable)
+    first = next(tasks, _NO_TASK)  # the draw (of its first part, on a torch stream)
+    drawn = getattr(index_sampler, "_drawn_state", None)
+    if callable(drawn) and state is not None and _state_of(index_sampler, iterable) != state:
+        state = drawn()
+    mine = epoch[0]() if epoch else None
+    if mine is not None:
+        mine.sampler_state, mine.drawn = state, True
+    del mine  # this frame lives as long as the epoch: it must not hold it
+    if first is not _NO_TASK:
+        yield first
+        yield from tasks
 
 
 def _check_skip_errors(skip_errors: object) -> None:

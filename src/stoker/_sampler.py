@@ -1,12 +1,12 @@
 """Samplers: the order in which a map-style dataset is read, as in ``torch.utils.data``.
 
-Every stoker sampler computes a whole epoch at once in ``_epoch_indices()`` (an int64
-array); ``__iter__`` and the loader's fast path (``epoch_indices`` / ``batch_arrays``)
-slice it without a Python int per index. A random sampler draws its epoch when ``iter()``
-is called, from one of two kinds of randomness: *torch's stream* (a ``torch.Generator``,
-or None while torch is imported) gives exactly torch's indices; *stoker's seeds* (an int,
-a ``numpy.random.Generator``, or None without torch) draw epoch ``e`` from
-``rng(base_seed, e)`` alone.
+Every stoker sampler computes an epoch as int64 arrays (``_epoch_indices()``, in the
+parts torch draws: ``_epoch_chunks()``); ``__iter__`` and the loader's fast path
+(``batch_arrays``) slice them without a Python int per index. A random sampler draws at
+the first ``next()``, as torch's generators do, from one of two kinds of randomness:
+*torch's stream* (a ``torch.Generator``, or None while torch is imported) gives exactly
+torch's indices; *stoker's seeds* (an int, a ``numpy.random.Generator``, or None without
+torch) draw epoch ``e`` from ``rng(base_seed, e)`` alone.
 
 ``state_dict()`` is a small JSON-serialisable dict that fixes what the next ``__iter__``
 yields; set its ``"epoch"`` before ``load_state_dict`` to skip ahead or rewind. Details:
@@ -93,6 +93,61 @@ def batch_arrays(batch_sampler: object) -> Iterator[IndexArray | list[Any]] | No
     if type(batch_sampler).__iter__ is not BatchSampler.__iter__:
         return None
     return batch_sampler._iter_arrays()
+
+
+def epoch_chunks(sampler: object) -> Iterator[IndexArray] | None:
+    """One epoch of ``sampler`` as int64 arrays, each drawn when torch's sampler draws
+    its part (when its first index, or one past the end, is asked for), or None if the
+    sampler must be iterated instead (as :func:`epoch_indices`).
+
+    >>> [c.tolist() for c in epoch_chunks(SequentialSampler(range(3)))]
+    [[0, 1, 2]]
+    """
+    if getattr(type(sampler), "__iter__", None) not in _FAST_ITERS:
+        return None
+    chunks = getattr(sampler, "_epoch_chunks", None)
+    return chunks() if callable(chunks) else _one_chunk(sampler)
+
+
+def _one_chunk(sampler: Any) -> Iterator[IndexArray]:
+    """The epoch as one array, drawn at the first ``next()``."""
+    yield sampler._epoch_indices()
+
+
+def _lazy_ints(chunks: Iterator[IndexArray]) -> Iterator[int]:
+    """The indices of ``chunks`` as Python ints, each chunk drawn when the first of its
+    indices (or one past the end) is asked for, as torch's generators draw; iterated at C
+    speed (a generator would resume per index)."""
+    return itertools.chain.from_iterable(chunk.tolist() for chunk in chunks)
+
+
+def _join(chunks: list[IndexArray]) -> IndexArray:
+    """The chunks as one array (the only one itself, uncopied)."""
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+
+
+S = TypeVar("S", list[int], IndexArray)
+
+
+def _batches(
+    chunks: Iterator[S], size: int, drop_last: bool, join: Callable[[S, S], S]
+) -> Iterator[S]:
+    """Batches of ``size`` cut from ``chunks`` (slices where a batch lies in one chunk);
+    a chunk is taken when a batch needs its first index, or when the next batch is asked
+    for after a chunk ran out: when torch's ``BatchSampler`` asks its sampler for it."""
+    rest: S | None = None
+    for chunk in chunks:
+        buf = join(rest, chunk) if rest is not None and len(rest) else chunk
+        stop = len(buf) - len(buf) % size
+        for start in range(0, stop, size):
+            yield buf[start : start + size]
+        rest = buf[stop:]
+    if rest is not None and len(rest) and not drop_last:
+        yield rest
+
+
+def _concat(a: IndexArray, b: IndexArray) -> IndexArray:
+    return np.concatenate([a, b])
 
 
 def _int_array(batch: list[Any]) -> IndexArray | list[Any]:
@@ -235,14 +290,17 @@ class _SeededSampler(Sampler[int]):
         ``from_global`` tells that the draws stand for torch's global RNG (``generator``
         None), which torch's ``RandomSampler`` treats otherwise than a given generator.
         A loaded ``torch_state`` is drawn from (a copy of the global RNG's, so that the
-        process's own stream is not moved; the sampler's own generator otherwise).
+        process's own stream is not moved, unless that RNG is in the state saved; the
+        sampler's own generator otherwise).
         """
         replay, self._replay = self._replay, None
         self._epoch += 1
         own = torch_stream(self._generator)
         if replay is not None:
             from_global = replay["source"] == "global"
-            if from_global or own is None or self._generator is None:
+            if from_global and _is_at(own, self._generator, replay["state"]):
+                stream = own  # the global RNG is where it was saved: draw on it, as torch
+            elif from_global or own is None or self._generator is None:
                 stream = new_torch_generator(replay["state"])
             else:
                 stream = own
@@ -259,9 +317,13 @@ class _SeededSampler(Sampler[int]):
 
     def _next_rng(self) -> np.random.Generator:
         """The NumPy generator of the next epoch (stoker's draws, not a torch stream)."""
+        return rng(self._base_seed(), self._epoch - 1)
+
+    def _base_seed(self) -> int:
+        """The base seed of stoker's draws, drawn from the generator the first time."""
         if self._seed is None:
             self._seed = draw_seed(self._generator) % _U64
-        return rng(self._seed, self._epoch - 1)
+        return self._seed
 
     def state_dict(self) -> dict[str, Any]:
         """What the next ``__iter__`` yields: ``{"kind", "seed", "epoch"}``, and
@@ -280,6 +342,18 @@ class _SeededSampler(Sampler[int]):
         """The state whose loading draws the last epoch drawn again (a checkpoint within
         that epoch saves it; see ``DataLoader._start_epoch``)."""
         return self._state(max(self._epoch - 1, 0), self._drawn)
+
+    def _pending_state(self) -> dict[str, Any]:
+        """The state whose loading draws the epoch that a draw now would draw (a loader's
+        checkpoint after ``iter()`` and before the first ``next()`` saves it): the base
+        seed of stoker's draws, or the global RNG's state, fixed now."""
+        own = torch_stream(self._generator)
+        if self._replay is None and own is None:
+            self._base_seed()
+        elif self._replay is None and self._generator is None:
+            now = {"source": "global", "state": encode_state(own), "when": "draw"}
+            return self._state(self._epoch, now)
+        return self.state_dict()
 
     def _state(self, epoch: int, torch_state: dict[str, Any] | None) -> dict[str, Any]:
         state: dict[str, Any] = {"kind": type(self).__name__, "seed": self._seed, "epoch": epoch}
@@ -335,6 +409,11 @@ class _SeededSampler(Sampler[int]):
                 self._replay = torch_state
         self._epoch = state["epoch"]
         self._seed = state["seed"]
+
+
+def _is_at(own: Any, generator: GeneratorLike, state: str) -> bool:
+    """Whether ``own`` is torch's global RNG (``generator`` None) and in ``state``."""
+    return own is not None and generator is None and encode_state(own) == state
 
 
 def _check_torch_state(owner: object, value: object) -> Mapping[str, Any]:
@@ -396,17 +475,27 @@ class SequentialSampler(Sampler[int]):
         check_state(state_dict, self, ())
 
 
-def _torch_random_epoch(
-    n: int, k: int, replacement: bool, stream: Any, from_global: bool
-) -> IndexArray:
-    """One epoch of torch's ``RandomSampler`` over ``n`` items: the same draws from
-    ``stream`` (through a generator seeded from one draw of it, for the global RNG)."""
+def _torch_random_chunks(n: int, k: int, replacement: bool, stream: Any) -> Iterator[IndexArray]:
+    """torch's ``RandomSampler`` draws on a given generator, one part at a time as torch
+    draws them: 32 indices with replacement, a permutation (the last cut, even to nothing)
+    without."""
     torch = _torch.loaded()
     assert torch is not None, "a torch stream needs torch"
-    if from_global:
-        seed = int(torch.empty((), dtype=torch.int64).random_(generator=stream).item())
-        stream = torch.Generator()
-        stream.manual_seed(seed)
+    for size in [32] * (k // 32) + [k % 32] if replacement else [n] * (k // n) + [k % n]:
+        if replacement:
+            yield torch.randint(high=n, size=(size,), dtype=torch.int64, generator=stream).numpy()
+        else:
+            yield torch.randperm(n, generator=stream)[:size].numpy()
+
+
+def _torch_random_epoch(n: int, k: int, replacement: bool, stream: Any) -> IndexArray:
+    """One epoch of torch's ``RandomSampler`` on the global RNG over ``n`` items: the same
+    draws as torch's, from a generator seeded from one draw of ``stream``."""
+    torch = _torch.loaded()
+    assert torch is not None, "a torch stream needs torch"
+    seed = int(torch.empty((), dtype=torch.int64).random_(generator=stream).item())
+    stream = torch.Generator()
+    stream.manual_seed(seed)
     if replacement:
         # torch draws k // 32 chunks of 32, then k % 32: the same values as one draw of k.
         out = torch.randint(high=n, size=(k,), dtype=torch.int64, generator=stream)
@@ -481,13 +570,27 @@ class RandomSampler(_SeededSampler):
 
     def _epoch_indices(self) -> IndexArray:
         """The epoch's indices as an int64 array (advances the randomness by one epoch)."""
+        return _join(list(self._epoch_chunks()))
+
+    def _epoch_chunks(self) -> Iterator[IndexArray]:
+        """The epoch in the parts torch draws, each when torch draws it: on a given
+        torch generator, its permutations (or 32 draws with replacement) one by one;
+        otherwise the whole epoch at once (torch draws the global RNG's from a private
+        generator, whose draws nobody else sees)."""
         n = len(self.data_source)
         k = self.num_samples
         if n == 0:
             raise ValueError(f"data_source must be non-empty to draw {k} samples, got length 0.")
         stream = self._torch_stream()
-        if stream is not None:
-            return _torch_random_epoch(n, k, self.replacement, *stream)
+        if stream is not None and not stream[1]:
+            yield from _torch_random_chunks(n, k, self.replacement, stream[0])
+        elif stream is not None:
+            yield _torch_random_epoch(n, k, self.replacement, stream[0])
+        else:
+            yield self._stoker_epoch(n, k)
+
+    def _stoker_epoch(self, n: int, k: int) -> IndexArray:
+        """An epoch of stoker's draws, from ``rng(seed, epoch)``."""
         gen = self._next_rng()
         if self.replacement:
             return gen.integers(0, n, size=k, dtype=np.int64)
@@ -499,7 +602,7 @@ class RandomSampler(_SeededSampler):
 
     @_fast_iter
     def __iter__(self) -> Iterator[int]:
-        return iter(self._epoch_indices().tolist())
+        return _lazy_ints(self._epoch_chunks())
 
     def __len__(self) -> int:
         return self.num_samples
@@ -560,7 +663,7 @@ class SubsetRandomSampler(_SeededSampler):
 
     @_fast_iter
     def __iter__(self) -> Iterator[int]:
-        return iter(self._epoch_indices().tolist())
+        return _lazy_ints(_one_chunk(self))
 
     def __len__(self) -> int:
         return len(self._index_array)
@@ -717,7 +820,7 @@ class WeightedRandomSampler(_SeededSampler):
 
     @_fast_iter
     def __iter__(self) -> Iterator[int]:
-        return iter(self._epoch_indices().tolist())
+        return _lazy_ints(_one_chunk(self))
 
     def __len__(self) -> int:
         return self.num_samples
@@ -758,10 +861,6 @@ class BatchSampler(Sampler[list[int]]):
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
 
-    def _stop(self, n: int) -> int:
-        """Where batching of ``n`` indices stops (before a short last batch if dropped)."""
-        return n - n % self.batch_size if self.drop_last else n
-
     def _iter_lists(self, it: Iterator[Any]) -> Iterator[list[Any]]:
         """Chunk an iterator of indices into lists, as torch's ``BatchSampler`` does."""
         bs = self.batch_size
@@ -772,25 +871,21 @@ class BatchSampler(Sampler[list[int]]):
             yield batch
 
     def _iter_arrays(self) -> Iterator[IndexArray | list[Any]]:
-        """The epoch's batches as int64 arrays (slices of one array when possible).
-
-        Like ``__iter__``, it draws the epoch from the wrapped sampler when called.
-        """
-        indices = epoch_indices(self.sampler)
-        if indices is None:
+        """The epoch's batches as int64 arrays (slices of the sampler's arrays when
+        possible), drawn from the wrapped sampler as ``__iter__`` draws."""
+        chunks = epoch_chunks(self.sampler)
+        if chunks is None:
             return (_int_array(batch) for batch in self._iter_lists(iter(self.sampler)))
-        bs = self.batch_size
-        return (indices[start : start + bs] for start in range(0, self._stop(len(indices)), bs))
+        return _batches(chunks, self.batch_size, self.drop_last, _concat)
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Not a generator function: the epoch is drawn from the sampler when iter() is
-        # called, so a state_dict() taken after iter() already names the next epoch.
-        indices = epoch_indices(self.sampler)
-        if indices is None:
-            return self._iter_lists(iter(self.sampler))
-        flat = indices.tolist()
-        bs = self.batch_size
-        return (flat[start : start + bs] for start in range(0, self._stop(len(flat)), bs))
+        # A generator, as torch's: the sampler's draws happen as torch's BatchSampler asks.
+        chunks = epoch_chunks(self.sampler)
+        if chunks is None:
+            yield from self._iter_lists(iter(self.sampler))
+            return
+        lists = (chunk.tolist() for chunk in chunks)
+        yield from _batches(lists, self.batch_size, self.drop_last, list.__add__)
 
     def __len__(self) -> int:
         n, bs = len(self.sampler), self.batch_size  # type: ignore[arg-type]
@@ -810,9 +905,17 @@ class BatchSampler(Sampler[list[int]]):
 
     def _drawn_state(self) -> dict[str, Any]:
         """The state whose loading draws the last epoch drawn again (``_SeededSampler``)."""
-        drawn = getattr(self.sampler, "_drawn_state", None)
-        if callable(drawn):
-            return {"kind": type(self).__name__, "sampler": drawn()}
+        return self._inner_state("_drawn_state")
+
+    def _pending_state(self) -> dict[str, Any]:
+        """The state whose loading draws what a draw now would (``_SeededSampler``)."""
+        return self._inner_state("_pending_state")
+
+    def _inner_state(self, method: str) -> dict[str, Any]:
+        """This state with the sampler's ``method()`` state, where it has that method."""
+        inner = getattr(self.sampler, method, None)
+        if callable(inner):
+            return {"kind": type(self).__name__, "sampler": inner()}
         return self.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

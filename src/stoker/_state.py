@@ -65,7 +65,8 @@ class Epoch:
         number: the epoch ``e``.
         seed: the loader's base seed.
         tasks: ``(k, task)`` pairs still to run.
-        sampler_state: the batch sampler's state before this epoch was drawn, or None.
+        sampler_state: the batch sampler's state that draws this epoch again, or None
+            (set when ``drawn``: at the first task).
         skipped: samples of this epoch's delivered batches skipped as failing to load.
         skip_cap: how many may be skipped (0: none, a failing sample raises).
         stream: a stateful stream's workers' states, or None.
@@ -90,6 +91,7 @@ class Epoch:
         self.number = number
         self.seed = seed
         self.sampler_state = sampler_state
+        self.drawn = True  # whether the sampler drew the epoch (the loader draws lazily)
         self.prefix = delivered
         self.beyond = set(delivered_beyond)
         self.finished = False

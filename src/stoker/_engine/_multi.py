@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 import time
 import warnings
 import weakref
@@ -53,6 +54,7 @@ class MultiWorkerIterator:
 
     Made by ``DataLoader.__iter__`` in the thread that iterates, ``__next__`` called from
     one thread at a time; :meth:`restart` starts the next epoch on the same workers."""
+    _workers = property(lambda self: _worker_handles(self._pool))  # torch's, for their pids
 
     def __init__(
         self, config: EngineConfig, memory: EngineMemory, epochs: Epochs, epoch: Epoch | None = None
@@ -110,8 +112,7 @@ class MultiWorkerIterator:
         return self._config.worker_mode
 
     def restart(self) -> None:
-        """Start the next epoch on the same (persistent) workers; the results of an
-        unfinished one are discarded."""
+        """Start the next epoch on the same (persistent) workers, an unfinished one's dropped."""
         self._drawing = time.perf_counter()
         self._pool.new_epoch()
         self._begin(self._epochs.start())
@@ -337,6 +338,16 @@ def wait(
     return got
 
 
+def _worker_handles(pool: WorkerPool) -> list[Any]:
+    """``iterator._workers``, as torch's iterator lists them (tools and torch's tests read
+    their ``pid``): ``multiprocessing.Process`` objects, started now if they were to start
+    lazily; for thread workers, their ``threading.Thread`` objects (no ``pid``: they run
+    in this process)."""
+    if pool.pending_start:
+        pool.start()
+    return pool.handles()
+
+
 def worker_seeds(config: EngineConfig, base: int, epoch: int) -> list[int]:
     """Each worker's seed in ``epoch`` (see :func:`~stoker._engine._worker.worker_seed`)."""
     return [worker_seed(base, epoch, w, config.iterable) for w in range(config.capacity)]
@@ -367,8 +378,10 @@ def load_in_process(config: EngineConfig, task: Any) -> float | None:
 
 
 def workers_warning(num_workers: int, worker_mode: str) -> None:
-    """Warn, as torch does (its phrase first), when more worker processes are asked for
-    than CPUs are available; called as each iterator with workers is made, as torch's."""
+    """Warn, as torch does (its sentences first), when more worker processes are asked for
+    than CPUs are available; called where torch calls its check: as the loader is made and
+    as each iterator with workers is made. The warning points at the user's line (the
+    first frame outside stoker)."""
     if worker_mode != "process" or num_workers <= 0:
         return
     cpus = available_cpus()
@@ -376,10 +389,20 @@ def workers_warning(num_workers: int, worker_mode: str) -> None:
         warnings.warn(
             f"This DataLoader will create {num_workers} worker processes in total. Our "
             f"suggested max number of worker in current system is {cpus}, which is smaller "
-            "than what this DataLoader is going to create. stoker counts the CPUs this "
-            "process may use (its affinity mask and cgroup quota): the workers will compete "
-            "for them and loading may slow down or stall. Use num_workers <= "
-            f"{cpus}, or worker_mode='thread' for I/O-bound datasets.",
+            "than what this DataLoader is going to create. Please be aware that excessive "
+            "worker creation might get DataLoader running slow or even freeze, lower the "
+            "worker number to avoid potential slowness/freeze if necessary. stoker counts "
+            "the CPUs this process may use (its affinity mask and cgroup quota): use "
+            f"num_workers <= {cpus}, or worker_mode='thread' for I/O-bound datasets.",
             UserWarning,
-            stacklevel=4,  # the user's line that made the iterator (DataLoader.__iter__ -> here)
+            stacklevel=_user_stacklevel(),
         )
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by the caller name the first frame
+    outside stoker (a stoker.torch subclass adds frames)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "stoker":
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level

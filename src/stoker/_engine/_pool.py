@@ -274,6 +274,9 @@ class WorkerPool(Protocol):
     def started_pids(self) -> list[int]:
         """The process ids of the workers started (none for threads)."""
 
+    def handles(self) -> list[Any]:
+        """The worker processes or threads that may get tasks (``iterator._workers``)."""
+
     def new_epoch(self) -> None:
         """Persistent workers start another epoch."""
 
@@ -442,6 +445,10 @@ class ProcessPool:
     def started_pids(self) -> list[int]:
         """The process ids of the workers started (autotune reads their CPU use)."""
         return [w.pid for w in self.workers if w.pid is not None]
+
+    def handles(self) -> list[Any]:
+        """The ``multiprocessing.Process`` of each worker that may get tasks."""
+        return [w.proc for w in self.workers[: self._start_limit]]
 
     def shared_memory_bytes(self) -> int:
         """Bytes of shared memory the main process has mapped for batches now."""
@@ -757,6 +764,10 @@ class ThreadPool:
     def started_pids(self) -> list[int]:
         """No processes: the threads' CPU use is the main process's."""
         return []
+
+    def handles(self) -> list[Any]:
+        """The ``threading.Thread`` of each worker that may get tasks."""
+        return self._threads[: self._board.helpers]
 
     def shared_memory_bytes(self) -> int:
         """None: thread workers hand over batch objects."""

@@ -17,11 +17,13 @@ arena".
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import math
 import mmap
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,10 +62,49 @@ table entries of shared mappings, so a worker's inherited slots would otherwise 
 every page, at far more cost than the one call."""
 
 
-def _populate(mm: mmap.mmap) -> None:
+Mapping = Any
+"""A mapped segment: a ctypes byte array over the mapping, which it unmaps when it dies
+(every view holds it). Unlike ``mmap.mmap`` (which keeps a duplicate descriptor until
+Python 3.13's ``trackfd``), it holds no file descriptor: batches kept alive cost none."""
+
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    """libc's mmap, munmap and madvise, typed (loaded once)."""
+    global _LIBC
+    if _LIBC is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        c_int = ctypes.c_int
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, c_int, c_int, c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC = libc
+    return _LIBC
+
+
+def map_fd(fd: int, size: int) -> Mapping:
+    """Map ``size`` bytes of segment ``fd`` shared, its pages in place; the caller closes
+    ``fd`` (the mapping needs it no more).
+
+    Raises:
+        OSError: the mapping failed (``errno`` set).
+    """
+    libc = _libc()
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, _MAP_FLAGS, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    buf = (ctypes.c_uint8 * size).from_address(addr)
+    unmap = weakref.finalize(buf, libc.munmap, addr, size)
+    unmap.atexit = False  # at exit the process's mappings go with it; views may remain
+    return buf
+
+
+def _populate(mm: Mapping) -> None:
     """Map the pages of an inherited segment in one call (a no-op on older kernels)."""
-    with contextlib.suppress(OSError, ValueError):
-        mm.madvise(_MADV_POPULATE_READ)
+    _libc().madvise(ctypes.addressof(mm), len(mm), _MADV_POPULATE_READ)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -130,7 +171,7 @@ class Slot:
     id: int
     name: str
     size: int
-    mm: mmap.mmap
+    mm: Mapping
     buf: np.ndarray[Any, Any]
     addr: int
     used: int = 0
@@ -291,7 +332,7 @@ class Arena:
             if sid in self.slots:
                 self._give_back(sid)
 
-    def adopt(self, segments: list[tuple[str, mmap.mmap]]) -> None:
+    def adopt(self, segments: list[tuple[str, Mapping]]) -> None:
         """Take over segments of an earlier worker of the same loader (unlinked, their
         memory allocated; inherited through fork), as free slots; a slot's pages are
         mapped in one call when it is first taken (fork does not carry them over)."""
@@ -390,7 +431,7 @@ class Arena:
                 if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
                     raise _shm_error(size, self.workers, self.window) from None
                 raise
-            mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+            mm = map_fd(fd, size)  # needs no new descriptor: fails only for memory
         finally:
             os.close(fd)
         buf = np.frombuffer(mm, np.uint8)
@@ -405,7 +446,7 @@ def _create(name: str) -> int:
         fd: int = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except OSError as exc:
         if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise
+            raise descriptor_error(exc, "creating a batch's shared-memory slot") from None
         found = unwritable_error()
         raise found or SharedMemoryError(
             f"process workers hand batches over in shared memory ({SHM_DIR}), but a segment "
@@ -413,6 +454,35 @@ def _create(name: str) -> int:
             "worker_mode='thread' or num_workers=0."
         ) from None
     return fd
+
+
+def descriptor_error(exc: OSError, doing: str) -> OSError | RuntimeError:
+    """``exc``, or for too many open files torch's ``RuntimeError`` with its advice and
+    stoker's (a mapped batch holds no descriptor: the rest of the process holds them)."""
+    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+        return exc
+    soft, _ = _nofile_limit()
+    return RuntimeError(
+        "Too many open files. Communication with the workers is no longer possible. "
+        "Please increase the limit using `ulimit -n` in the shell or change the sharing "
+        "strategy by calling `torch.multiprocessing.set_sharing_strategy('file_system')` at "
+        f"the beginning of your code. (stoker, {doing} in process {os.getpid()}: "
+        f"{exc.strerror}, the limit is {soft} descriptors. stoker's batches hold no "
+        "descriptor while alive, so torch's sharing strategy does not apply to them: the "
+        "descriptors are held elsewhere in the process (open files, sockets, pipes); "
+        "raise the limit with `ulimit -n` or resource.setrlimit(RLIMIT_NOFILE), or close "
+        "them.)"
+    )
+
+
+def _nofile_limit() -> tuple[int, int]:
+    """This process's (soft, hard) limit on open descriptors, or (-1, -1) if unknown."""
+    try:
+        import resource
+
+        return resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return -1, -1
 
 
 class _SpareSlot:
@@ -473,7 +543,7 @@ class SegmentMaps:
     """The main process's maps of one worker's segments, by name (main process only)."""
 
     def __init__(self) -> None:
-        self._maps: dict[str, mmap.mmap] = {}
+        self._maps: dict[str, Mapping] = {}
         # pin_memory=True with CUDA: registers each mapping as page-locked memory (see
         # stoker._engine._pin.SlotPins); the buffers that hold the registrations, by name.
         self.pins: Any = None
@@ -489,15 +559,18 @@ class SegmentMaps:
         if mm is None:
             if _posixshmem is None:  # pragma: no cover
                 raise SharedMemoryError("process workers need POSIX shared memory.")
-            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0o600)
             try:
-                mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)  # the consumer reads it all
-            finally:
-                os.close(fd)
+                fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0o600)
+                try:
+                    mm = map_fd(fd, size)  # the consumer reads it all
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise descriptor_error(exc, "mapping a batch from a worker") from None
             _unlink(name)
             self._maps[name] = mm
         if self.pins is None:
-            return np.frombuffer(mm, np.uint8)
+            return np.frombuffer(memoryview(mm), np.uint8)  # a fresh base per batch
         self.pins.poll()
         buf = self._pinned.get(name)
         if buf is None:
@@ -508,7 +581,7 @@ class SegmentMaps:
         """What to call when the last view of a batch in segment ``name`` dies: ``on_free``,
         or for a registered segment, ``on_free`` once the copies reading it are done."""
         buf = self._pinned.get(name)
-        if self.pins is None or buf is None or isinstance(buf, mmap.mmap):
+        if self.pins is None or buf is None or buf is self._maps.get(name):
             return on_free
         return self.pins.guard(on_free, buf)
 
@@ -516,7 +589,7 @@ class SegmentMaps:
         """Bytes of the segments mapped now (for ``loader.statistics()``)."""
         return sum(len(mm) for mm in self._maps.values())
 
-    def adopt(self, name: str, mm: mmap.mmap) -> None:
+    def adopt(self, name: str, mm: Mapping) -> None:
         """Know a segment mapped before (by an earlier pool of the same loader)."""
         self._maps[name] = mm
 
@@ -527,7 +600,7 @@ class SegmentMaps:
             self.view(name, size)
         _unlink(name)
 
-    def take_unused(self, in_use: set[str]) -> list[tuple[str, mmap.mmap]]:
+    def take_unused(self, in_use: set[str]) -> list[tuple[str, Mapping]]:
         """Forget every segment; return those not in ``in_use`` (no live batch views)."""
         out = [(n, mm) for n, mm in self._maps.items() if n not in in_use]
         self._maps.clear()

@@ -69,6 +69,14 @@ class SingleProcessIterator:
         self._stream_fetcher = None  # watched
 
     @property
+    def _workers(self) -> list[Any]:
+        """No workers: ``[]`` where the loader has workers but loads in process (autotune);
+        with ``num_workers=0`` there is no such attribute, as on torch's iterator."""
+        if self._tuner is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute '_workers'")
+        return []
+
+    @property
     def epoch(self) -> Epoch:
         """The epoch this iterator began (a worker-backed iterator may take it over)."""
         return self._epoch

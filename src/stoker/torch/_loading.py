@@ -10,6 +10,7 @@ recognised), and batches are tensors unless ``tensor_type="numpy"`` is asked.
 from __future__ import annotations
 
 import multiprocessing.context
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -142,6 +143,20 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
                 object.__setattr__(self, "sampler", infinite())
         elif no_sampler and not no_batch_sampler:
             object.__setattr__(self, "sampler", SequentialSampler(self.dataset))
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Asked by Accelerate's ``Accelerator.prepare_data_loader``: the loader is then
+        prepared in place, on stoker's engine (see :mod:`stoker.torch._accelerate`)."""
+        if "_accelerate_prepared" in self.__dict__:
+            return bool(self.__dict__["_accelerate_prepared"])
+        from stoker.torch._accelerate import prepare_in_place
+
+        return prepare_in_place(self, sys._getframe(1))
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:
+        self.__dict__["_accelerate_prepared"] = value
 
 
 class StatefulDataLoader(DataLoader[T_co], _loader.StatefulDataLoader[T_co]):  # type: ignore[misc]
