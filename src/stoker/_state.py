@@ -58,8 +58,7 @@ class Epoch:
     :meth:`deliver` before handing each batch out.
 
     Resuming skips the batches delivered before the checkpoint: map-style tasks are not
-    even fetched; an iterable dataset's are fetched again (its data comes in order) and
-    :meth:`deliver` drops them.
+    fetched; a replayed stream's are, and :meth:`deliver` drops them.
 
     Attributes:
         number: the epoch ``e``.

@@ -79,6 +79,19 @@ def find_classes(directory: str | os.PathLike[str]) -> tuple[list[str], dict[str
     return classes, {name: i for i, name in enumerate(classes)}
 
 
+def _class_files(target_dir: str, is_valid_file: Callable[[str], bool]) -> list[str]:
+    """The valid files under one class's folder in ``os.walk`` order (links followed), with
+    folders and names sorted; none where the folder is missing."""
+    if not os.path.isdir(target_dir):
+        return []
+    return [
+        os.path.join(root, fname)
+        for root, _, fnames in sorted(os.walk(target_dir, followlinks=True))
+        for fname in sorted(fnames)
+        if is_valid_file(os.path.join(root, fname))
+    ]
+
+
 def make_dataset(
     directory: str | os.PathLike[str],
     class_to_idx: dict[str, int] | None = None,
@@ -125,16 +138,10 @@ def make_dataset(
     instances: list[tuple[str, int]] = []
     available: set[str] = set()
     for target_class in sorted(class_to_idx):
-        class_index = class_to_idx[target_class]
-        target_dir = os.path.join(path, target_class)
-        if not os.path.isdir(target_dir):
-            continue
-        for root, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
-            for fname in sorted(fnames):
-                file_path = os.path.join(root, fname)
-                if is_valid_file(file_path):
-                    instances.append((file_path, class_index))
-                    available.add(target_class)
+        found = _class_files(os.path.join(path, target_class), is_valid_file)
+        instances.extend((file_path, class_to_idx[target_class]) for file_path in found)
+        if found:
+            available.add(target_class)
     empty = set(class_to_idx) - available
     if empty and not allow_empty:
         msg = f"Found no valid file for the classes {', '.join(sorted(empty))} in {path!r}. "
