@@ -4,12 +4,12 @@
 # the burners are killed on any exit. Usage:
 #   tests/under_load.sh                      # the README's test command
 #   tests/under_load.sh pytest -q tests/x.py # any other command, beside the same burners
-# STOKER_BURNERS (default: 2 per core) and STOKER_LOAD_TIMEOUT (seconds, default 1800).
+# STOKER_BURNERS (default: 2 per core) and STOKER_LOAD_TIMEOUT (seconds, default 3600).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 burners=${STOKER_BURNERS:-$((2 * cores))}
-limit=${STOKER_LOAD_TIMEOUT:-1800}
+limit=${STOKER_LOAD_TIMEOUT:-3600}
 if [ "$#" -gt 0 ]; then
     cmd=$(printf '%q ' "$@")
 else
