@@ -1,8 +1,11 @@
 """Suite-wide fixtures: every test must leave no child process, descriptor, thread or segment.
 
 The check runs after each test (autouse). Worker pools shut down from ``weakref.finalize``,
-so the fixture first collects garbage; whatever is still there after a short bounded wait
-(reaping is asynchronous in the kernel) fails the test that left it.
+and a process that was told to exit, a thread that was joined elsewhere or a segment
+unlinked by a worker may take a while to disappear (on a busy machine, seconds): so while
+something is left, the fixture collects garbage and looks again, and only what is still
+there after :data:`_LEAK_WAIT_S` fails the test that left it. When nothing is left, as
+after most tests, the check costs one look.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from typing import TypeVar
 
 import pytest
 
-_LEAK_WAIT_S = 3.0
-"""How long a leftover may take to disappear after the test ends."""
-_RECHECK_S = 0.02
+_LEAK_WAIT_S = 30.0
+"""How long a leftover may take to disappear after the test ends: generous, since a loaded
+machine may leave an exiting worker without a CPU for seconds; a real leak stays."""
+_RECHECK_S = (0.01, 0.25)
+"""The first and the longest pause between two looks (doubling from one to the other)."""
 
 _SHM_DIR = "/dev/shm"
 
@@ -100,8 +105,10 @@ def _snapshot() -> dict[str, set[object]]:
 
 
 def leftovers(before: dict[str, set[object]]) -> dict[str, set[object]]:
-    """What exists now that did not before, after garbage collection and a bounded wait."""
+    """What exists now that did not before, after garbage collection and a bounded wait
+    for it to go (see the module docstring)."""
     deadline = time.monotonic() + _LEAK_WAIT_S
+    pause, longest = _RECHECK_S
     collect = False  # a full collection costs ~0.1 s with torch loaded: only when needed
     while True:
         if collect:
@@ -111,7 +118,8 @@ def leftovers(before: dict[str, set[object]]) -> dict[str, set[object]]:
         extra = {k: now[k] - before[k] for k in now if now[k] - before[k]}
         if not extra or time.monotonic() > deadline:
             return extra
-        time.sleep(_RECHECK_S)  # a bounded re-check, not synchronisation: see the docstring
+        time.sleep(pause)  # polls a condition no event announces, up to the bound
+        pause = min(2 * pause, longest)
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from stoker import _autotune, get_worker_info
+from stoker._autotune import Autotuner, EpochFigures
 from stoker._dataset import IterableDataset, TensorDataset
 from stoker._loader import DataLoader
+from stoker._stats import StatsRecorder
 
 _SLEEP_S = 0.01
 
@@ -89,17 +91,74 @@ def one_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_autotune, "available_cpus", lambda: 1)
 
 
-@pytest.mark.usefixtures("one_cpu")
-def test_auto_keeps_one_worker_when_data_is_ready() -> None:
-    """A consumer slower than one worker is not input-bound: no worker is added."""
-    loader: DataLoader[Any] = DataLoader(
-        Augmented(n=48, sleep_s=0.0), batch_size=4, num_workers="auto"
-    )
-    for _ in loader:
-        time.sleep(_SLEEP_S)  # simulated training step, slower than loading
-    stats = loader.statistics()
-    assert stats.num_workers == 1
-    assert stats.autotune and stats.autotune[0].startswith("keep 1 workers")
+class _Windows:
+    """Windows of batches fed to a tuner: its counters and the loader's CPU time move as
+    given, and the machine shows no idle time (2 CPUs): the decisions of
+    :meth:`~stoker._autotune.Autotuner.step` on these figures, not on this machine's."""
+
+    def __init__(self, tuner: Autotuner, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tuner, self.cpu = tuner, 0.0
+        self.rec = StatsRecorder(tuner.workers, batched=True)
+        self.rec.start = self.rec.last = 0.0  # the fed clock starts at 0
+        monkeypatch.setattr(_autotune, "available_cpus", lambda: 2)
+        monkeypatch.setattr(_autotune, "idle_ticks", lambda: None)
+        monkeypatch.setattr(_autotune, "tree_cpu_seconds", lambda pids: self.cpu)
+        tuner.begin(self.rec)
+
+    def window(self, waited: float, rate: float = 100.0, cpus: float = 0.1) -> int:
+        """A window of 0.1 s at ``rate`` batches/s, the consumer waiting ``waited`` of it,
+        the loader using ``cpus`` CPUs: the tuner's decision at its end."""
+        rec = self.rec
+        rec.batches += 16  # past the batches a change skips: the window opens
+        rec.last += 0.01
+        assert self.tuner.step(rec, []) == _autotune.KEEP
+        rec.batches += round(rate * 0.1)
+        rec.last += 0.1
+        rec.wait += waited * 0.1
+        self.cpu += cpus * 0.1
+        return self.tuner.step(rec, [])
+
+
+def test_a_window_where_the_consumer_barely_waits_keeps_the_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer waiting under 20 % of a window is not input-bound: no worker is added,
+    and the tuner settles."""
+    windows = _Windows(Autotuner(1, 8, 2, True, False, shared_memory=True), monkeypatch)
+    assert windows.window(waited=0.1) == _autotune.KEEP
+    assert windows.tuner.settled and windows.tuner.workers == 1
+    assert windows.tuner.decisions[0].startswith("keep 1 workers"), windows.tuner.decisions
+
+
+def test_windows_add_workers_while_the_consumer_waits_and_each_addition_gains(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer waiting w of a window gets count / (1 - w) workers (at most 4x at once);
+    additions go on while one raises batches/s by 5 %, then the count stays."""
+    windows = _Windows(Autotuner(1, 8, 2, True, False, shared_memory=True), monkeypatch)
+    assert windows.window(waited=0.4, rate=100) == 1  # 1 / (1 - 0.4), rounded up: 2
+    assert windows.window(waited=0.9, rate=200) == 6  # 2 x 4 = 8: the capacity
+    assert windows.tuner.workers == 8
+    assert windows.window(waited=0.5, rate=200) == _autotune.KEEP  # no gain: the end
+    assert windows.tuner.settled and windows.tuner.workers == 8
+    assert windows.tuner.decisions[-1].startswith("stop at 8 workers"), windows.tuner.decisions
+
+
+def test_windows_add_workers_only_within_the_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers that keep the CPUs busy (2 of 2, 1 a worker) get no company: the CPUs, with
+    a quarter of one to spare, bound the count."""
+    windows = _Windows(Autotuner(2, 8, 2, True, False, shared_memory=True), monkeypatch)
+    assert windows.window(waited=0.9, cpus=2.0) == _autotune.KEEP
+    assert "CPU is short" in windows.tuner.decisions[-1], windows.tuner.decisions
+
+
+def test_windows_deepen_the_prefetch_of_a_fixed_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prefetch_factor="auto" with a fixed count: a waiting consumer gets one more task in
+    flight per worker, not workers."""
+    windows = _Windows(Autotuner(1, 1, 2, False, True, shared_memory=True), monkeypatch)
+    assert windows.window(waited=0.5) == _autotune.ADD_PREFETCH
+    assert (windows.tuner.workers, windows.tuner.prefetch) == (1, 3)
+    assert windows.tuner.decisions[-1].startswith("prefetch 3"), windows.tuner.decisions
 
 
 def test_auto_persistent_workers_keep_the_count_found() -> None:
@@ -162,30 +221,107 @@ def trial_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_autotune, "_JUMP_BATCH_S", float("inf"))
 
 
+@pytest.fixture
+def windows_keep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No window of batches adds workers (or prefetch): the consumer never waits enough.
+    The count stays where it starts, whatever this machine's speed (a loaded machine makes
+    any consumer wait)."""
+    monkeypatch.setattr(_autotune, "_INPUT_BOUND", float("inf"))
+
+
+WORKERS_COST = EpochFigures(16, per_batch=1e-3, load=1e-5, loop=1e-5)
+"""An epoch with workers that only cost: one batch a millisecond, each loaded in 10 us."""
+IN_PROCESS_WINS = EpochFigures(16, per_batch=5e-5, load=1e-5, loop=1e-5)
+"""An in-process trial faster than :data:`WORKERS_COST`."""
+IN_PROCESS_LOSES = EpochFigures(16, per_batch=2e-3, load=2e-3, loop=1e-5)
+"""An in-process trial slower than :data:`WORKERS_COST`."""
+
+
+def _feed_epochs(
+    monkeypatch: pytest.MonkeyPatch, workers: EpochFigures, in_process: EpochFigures
+) -> None:
+    """The tuner judges each epoch the loader reports from these figures (``in_process``
+    for its trial epochs), not from this machine's clock; nothing is timed in process."""
+
+    def judge(tuner: Autotuner, rec: Any, seconds: float, load_in_process: Any = None) -> None:
+        tuner.judge_epoch(in_process if tuner.workers == 0 else workers, lambda: None)
+
+    monkeypatch.setattr(Autotuner, "epoch_done", judge)
+
+
+def _in_process_decisions(loader: DataLoader[Any]) -> list[str]:
+    """The loader's decisions about loading in process (not those of windows), up to ':'."""
+    decisions = loader.statistics().autotune
+    return [d.split(":")[0] for d in decisions if "in process" in d or d.startswith("back to")]
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.usefixtures("trial_only")
-def test_auto_loads_in_process_when_workers_cost_more(persistent: bool) -> None:
-    """Short epochs of tiny batches: after one epoch with workers (their start costs more
-    than the loading), auto tries and keeps loading in process, with the same batches."""
+def test_auto_loads_in_process_when_workers_cost_more(
+    persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short epochs of tiny batches: after one epoch with workers that only cost (fed
+    figures), auto tries and keeps loading in process, with the same batches (persistent
+    workers: after the first epoch that did not start them)."""
+    _feed_epochs(monkeypatch, WORKERS_COST, IN_PROCESS_WINS)
     data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
     kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 5}
     auto: DataLoader[Any] = DataLoader(
         TensorDataset(data), num_workers="auto", persistent_workers=persistent, **kw
     )
-    assert _epochs(auto) == _epochs(DataLoader(TensorDataset(data), **kw))
-    stats = auto.statistics()
-    assert stats.num_workers == 0
-    assert [d.split(":")[0] for d in stats.autotune] == [
+    assert _epochs(auto, 4) == _epochs(DataLoader(TensorDataset(data), **kw), 4)
+    assert auto.statistics().num_workers == 0
+    assert _in_process_decisions(auto) == ["try in process next epoch", "stay in process"]
+    assert auto._iterator is None  # persistent workers went with the decision
+
+
+def test_a_won_trial_keeps_loading_in_process_for_good() -> None:
+    """Workers that only cost bring a trial; a trial that is faster keeps the loader in
+    process, and no later epoch is judged again."""
+    tuner = Autotuner(2, 4, 2, True, False, shared_memory=True, in_process=True)
+    tuner.judge_epoch(WORKERS_COST)
+    assert tuner.workers == 0 and tuner.trying_in_process
+    tuner.judge_epoch(IN_PROCESS_WINS)
+    assert tuner.workers == 0 and not tuner.trying_in_process
+    for _ in range(4):
+        tuner.judge_epoch(IN_PROCESS_LOSES)
+    assert tuner.workers == 0
+    assert [d.split(":")[0] for d in tuner.decisions] == [
         "try in process next epoch",
         "stay in process",
     ]
 
 
+@pytest.mark.parametrize(
+    ("epoch", "tried"),
+    [
+        (WORKERS_COST, True),
+        (WORKERS_COST._replace(batches=7), False),  # too short an epoch to judge
+        (WORKERS_COST._replace(loop=1e-3), False),  # the loop alone takes the time
+        (WORKERS_COST._replace(load=0.96e-3), False),  # loading does, within 5 %
+    ],
+    ids=["costly workers", "short epoch", "slow loop", "slow load"],
+)
+def test_a_trial_comes_only_where_loading_and_the_loop_take_less_than_workers_deliver(
+    epoch: EpochFigures, tried: bool
+) -> None:
+    """The in-process trial's condition, on fed figures: a batch's load plus the loop's own
+    time, with 5 % to spare, below the time per batch the workers delivered, the workers
+    idle most of the time, and an epoch of at least 8 batches."""
+    tuner = Autotuner(2, 4, 2, True, False, shared_memory=True, in_process=True)
+    tuner.judge_epoch(epoch)
+    assert (tuner.workers == 0) is tried, tuner.decisions
+
+
 @pytest.mark.multiprocess
-@pytest.mark.usefixtures("trial_only", "one_cpu")
-def test_auto_judges_persistent_workers_by_an_epoch_that_did_not_start_them() -> None:
+@pytest.mark.usefixtures("trial_only", "one_cpu", "windows_keep")
+def test_auto_judges_persistent_workers_by_an_epoch_that_did_not_start_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Spawned persistent workers take long to start, once: the first epoch, which waited
-    for them, does not send the loader in process (the second may: see the test above)."""
+    for them, is not judged (its figures would send the loader in process; the second
+    epoch's may: see the test above)."""
+    _feed_epochs(monkeypatch, WORKERS_COST, IN_PROCESS_WINS)
     data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
     loader: DataLoader[Any] = DataLoader(
         TensorDataset(data),
@@ -195,34 +331,28 @@ def test_auto_judges_persistent_workers_by_an_epoch_that_did_not_start_them() ->
         multiprocessing_context="spawn",
     )
     assert len(list(loader)) == 16
-    assert loader.statistics().autotune == ()
+    assert _in_process_decisions(loader) == []
     assert loader.statistics().num_workers == 1
 
 
-@pytest.mark.usefixtures("one_cpu")
-def test_auto_goes_back_to_workers_when_in_process_is_slower() -> None:
-    """The in-process trial is kept only if it was faster: here the workers come back
-    (forked: a spawned or forkserver worker's start would cost more than the slow loading)."""
-    loader: DataLoader[Any] = DataLoader(
-        SlowInProcess(), batch_size=8, num_workers="auto", multiprocessing_context="fork"
-    )
+@pytest.mark.usefixtures("one_cpu", "windows_keep")
+def test_auto_goes_back_to_workers_when_in_process_is_slower(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The in-process trial is kept only if it was faster (fed figures): here the workers
+    come back, with the same batches in every epoch."""
+    _feed_epochs(monkeypatch, WORKERS_COST, IN_PROCESS_LOSES)
+    loader: DataLoader[Any] = DataLoader(SlowInProcess(), batch_size=8, num_workers="auto")
     plain: DataLoader[Any] = DataLoader(SlowInProcess(), batch_size=8)
     assert _epochs(loader) == _epochs(plain, 1) * 3
-    stats = loader.statistics()
-    assert stats.num_workers == 1
-    assert [d.split(":")[0] for d in stats.autotune] == [
-        "try in process next epoch",
-        "back to 1 workers",
-    ]
+    assert loader.statistics().num_workers == 1
+    assert _in_process_decisions(loader) == ["try in process next epoch", "back to 1 workers"]
 
 
 @pytest.mark.parametrize(("busy_s", "tried"), [(0.5, True), (0.95, False)])
 def test_auto_tries_in_process_only_when_workers_idle(busy_s: float, tried: bool) -> None:
     """Workers busy most of an epoch are its bottleneck (more would help): no trial then,
     even when a batch's load plus the loop's time is below the time per batch."""
-    from stoker._autotune import Autotuner
-    from stoker._stats import StatsRecorder
-
     tuner = Autotuner(1, 4, 2, True, False, shared_memory=True, in_process=True)
     rec = StatsRecorder(1, batched=True)
     rec.batches, rec.busy, rec.wait = 100, [busy_s], 0.999
@@ -238,9 +368,6 @@ def test_a_load_measured_in_process_replaces_the_workers_busy_time(
 ) -> None:
     """Workers sharing the cores take longer per batch than the main process would: where a
     batch can be loaded in process to measure it (only stoker's code), that time decides."""
-    from stoker._autotune import Autotuner
-    from stoker._stats import StatsRecorder
-
     tuner = Autotuner(2, 2, 2, False, False, shared_memory=True, in_process=True)
     rec = StatsRecorder(2, batched=True)
     rec.batches, rec.busy, rec.wait = 100, [0.5, 0.5], 0.999  # 10 ms a batch in a worker
@@ -252,9 +379,6 @@ def test_a_load_measured_in_process_replaces_the_workers_busy_time(
 def test_busy_workers_are_not_measured_against_in_process() -> None:
     """Workers busy most of the epoch are the bottleneck: the main process does not spend
     time loading a batch itself to compare."""
-    from stoker._autotune import Autotuner
-    from stoker._stats import StatsRecorder
-
     tuner = Autotuner(2, 2, 2, False, False, shared_memory=True, in_process=True)
     rec = StatsRecorder(2, batched=True)
     rec.batches, rec.busy, rec.wait = 100, [0.95, 0.95], 0.9  # busy 95% of a 1 s epoch
@@ -268,9 +392,6 @@ def test_a_lost_trial_is_tried_again_after_more_and_more_epochs() -> None:
     """A trial that loses (here every one: in process takes twice the time) brings the
     workers back, and another comes after 2, then 4 epochs with workers: one trial slowed by
     a stall of the machine does not decide for good."""
-    from stoker._autotune import Autotuner
-    from stoker._stats import StatsRecorder
-
     tuner = Autotuner(2, 2, 2, False, False, shared_memory=True, in_process=True)
     trials = []
     for epoch in range(12):
@@ -288,17 +409,20 @@ def test_a_lost_trial_is_tried_again_after_more_and_more_epochs() -> None:
 
 
 @pytest.mark.parametrize("kw", [{"worker_init_fn": print}, {"timeout": 30}], ids=str)
-@pytest.mark.usefixtures("one_cpu")
-def test_auto_stays_with_workers_that_in_process_could_not_replace(kw: dict[str, Any]) -> None:
+@pytest.mark.usefixtures("one_cpu", "windows_keep")
+def test_auto_stays_with_workers_that_in_process_could_not_replace(
+    kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With worker_init_fn (it would not run) or timeout (the main process cannot time itself
-    out), auto never loads in process."""
+    out), auto never loads in process, even after epochs whose workers only cost."""
+    _feed_epochs(monkeypatch, WORKERS_COST, IN_PROCESS_WINS)
     data = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
     loader: DataLoader[Any] = DataLoader(
         TensorDataset(data), batch_size=4, num_workers="auto", **kw
     )
     _epochs(loader, 2)
     assert loader.statistics().num_workers == 1
-    assert not any("in process" in d for d in loader.statistics().autotune)
+    assert _in_process_decisions(loader) == []
 
 
 class _UserRows(TensorDataset):
@@ -309,10 +433,9 @@ def _rows() -> np.ndarray[Any, Any]:
     return np.arange(1024 * 4, dtype=np.float32).reshape(1024, 4)
 
 
-def _epochs_until(loader: DataLoader[Any], decision: str, limit: int = 12) -> int:
+def _epochs_until(loader: DataLoader[Any], decision: str, limit: int = 3) -> int:
     """Epochs of ``loader`` until its last decision starts with ``decision`` (at most
-    ``limit``: tiny batches load about as fast in a worker as in process, so one epoch's
-    comparison may fall either way, but not a dozen in a row)."""
+    ``limit``)."""
     for epoch in range(1, limit + 1):
         assert len(list(loader)) == 256
         decisions = loader.statistics().autotune
@@ -322,15 +445,20 @@ def _epochs_until(loader: DataLoader[Any], decision: str, limit: int = 12) -> in
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-def test_a_fixed_count_loads_in_process_where_only_stoker_code_runs(persistent: bool) -> None:
+def test_a_fixed_count_loads_in_process_where_only_stoker_code_runs(
+    persistent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """num_workers=2 over a TensorDataset of arrays with the default collate: none of the
-    user's code runs in a worker, so once an epoch shows the workers slower, the loader tries
-    and keeps loading in process, with the same batches; persistent workers go then."""
+    user's code runs in a worker, so once an epoch shows the workers slower (fed figures),
+    the loader tries and keeps loading in process, with the same batches; persistent
+    workers go then."""
+    _feed_epochs(monkeypatch, WORKERS_COST, IN_PROCESS_WINS)
     kw: dict[str, Any] = {"batch_size": 4, "shuffle": True, "generator": 5}
     fixed: DataLoader[Any] = DataLoader(
         TensorDataset(_rows()), num_workers=2, persistent_workers=persistent, **kw
     )
     epochs = _epochs_until(fixed, "stay in process")
+    assert epochs == (3 if persistent else 2)  # the epoch that started them is not judged
     plain: DataLoader[Any] = DataLoader(TensorDataset(_rows()), **kw)
     assert _epochs(fixed, 2) == _epochs(plain, epochs + 2)[epochs:]
     stats = fixed.statistics()
@@ -344,9 +472,12 @@ def test_a_fixed_count_loads_in_process_where_only_stoker_code_runs(persistent: 
     [{"dataset": _UserRows(_rows())}, {"worker_init_fn": print}, {"collate_fn": list}],
     ids=["subclass", "worker_init_fn", "collate_fn"],
 )
-def test_a_fixed_count_keeps_its_workers_where_user_code_runs(kw: dict[str, Any]) -> None:
+def test_a_fixed_count_keeps_its_workers_where_user_code_runs(
+    kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A dataset subclass, a worker_init_fn or a collate_fn of the user's would run in the
-    workers: a fixed count keeps them, however slow."""
+    workers: a fixed count keeps them, however slow (fed figures)."""
+    _feed_epochs(monkeypatch, WORKERS_COST, IN_PROCESS_WINS)
     kw = {"dataset": TensorDataset(_rows()), "batch_size": 4, "num_workers": 2, **kw}
     loader: DataLoader[Any] = DataLoader(**kw)
     for _ in range(3):
@@ -358,9 +489,12 @@ def _no_init(worker_id: int) -> None:
     """A worker_init_fn that does nothing (but would run in the workers)."""
 
 
-def test_a_setting_that_lets_user_code_into_workers_brings_them_back() -> None:
+def test_a_setting_that_lets_user_code_into_workers_brings_them_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The decision holds for the settings it was made with: once the loader loads in
     process, giving it a worker_init_fn (which must run in workers) brings the workers back."""
+    _feed_epochs(monkeypatch, WORKERS_COST, IN_PROCESS_WINS)
     loader: DataLoader[Any] = DataLoader(TensorDataset(_rows()), batch_size=4, num_workers=2)
     _epochs_until(loader, "stay in process")
     assert loader.statistics().num_workers == 0
@@ -369,16 +503,16 @@ def test_a_setting_that_lets_user_code_into_workers_brings_them_back() -> None:
     assert (loader.statistics().num_workers, loader.statistics().autotune) == (2, ())
 
 
-def test_persistent_workers_wait_out_an_in_process_trial() -> None:
-    """Persistent workers are kept through the in-process trial; when it is slower (a slow
-    loop here), the same workers load the next epoch."""
+def test_persistent_workers_wait_out_an_in_process_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Persistent workers are kept through the in-process trial; when it is slower (fed
+    figures), the same workers load the next epoch."""
+    _feed_epochs(monkeypatch, WORKERS_COST, IN_PROCESS_LOSES)
     loader: DataLoader[Any] = DataLoader(
         TensorDataset(_rows()), batch_size=4, num_workers=2, persistent_workers=True
     )
     _epochs_until(loader, "try in process next epoch")
     pool = loader._iterator._pool
-    for _batch in loader:  # the trial, in process
-        time.sleep(0.001)  # a slow training step: in process is slower now
+    assert len(list(loader)) == 256  # the trial, in process
     assert loader.statistics().autotune[-1].startswith("back to 2 workers")
     it = iter(loader)
     assert it._pool is pool
@@ -652,7 +786,7 @@ def test_a_first_batch_that_raises_while_timed_raises_in_its_turn() -> None:
     del it
 
 
-@pytest.mark.usefixtures("trial_only")
+@pytest.mark.usefixtures("trial_only", "windows_keep")
 def test_the_warm_memory_of_the_last_epoch_goes_to_the_workers_that_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

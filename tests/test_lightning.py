@@ -140,9 +140,9 @@ def test_ddp_ranks_share_each_epoch(tmp_path: Path) -> None:
             proc.communicate()
     assert proc.returncode == 0, log.decode(errors="replace")[-4000:]
 
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # generous: on a busy machine exits take seconds
     while (left := _session_members(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.05)  # reaping is asynchronous; bounded
+        time.sleep(0.05)  # polls the kernel's asynchronous reaping, which nothing announces
     assert left == [], f"processes left behind: {left}"
 
     orders = {}

@@ -127,32 +127,38 @@ def test_batches_go_round_robin_as_torch_sends_them(kw: dict[str, Any]) -> None:
         assert _ids(list(loader)) == want
 
 
-class _FirstWaitsForLast:
-    """Sample 0 waits (bounded) until sample 5 was loaded: with in_order=False, the other
-    worker's batches are delivered first, as they come. A sample is [i, worker id]."""
+class _FirstWaitsForRelease:
+    """Sample 0 waits (bounded) until the consumer has taken three batches: with
+    in_order=False those must be the other worker's, delivered as they come. A sample is
+    [i, worker id]."""
 
-    def __init__(self, loaded: Any) -> None:
-        self.loaded = loaded
+    def __init__(self, released: Any) -> None:
+        self.released = released
 
     def __len__(self) -> int:
         return 6
 
     def __getitem__(self, i: int) -> Any:
         if i == 0:
-            assert self.loaded.wait(_WAIT_S), "sample 5 was never loaded"
-        if i == 5:
-            self.loaded.set()
+            assert self.released.wait(_WAIT_S), "the consumer never took three batches"
         return np.array([i, _worker_id()])
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_in_order_false_delivers_the_first_ready_as_torch(mode: str) -> None:
     """in_order=False: while worker 0 waits on sample 0, worker 1's batches come first,
-    and the next tasks go to worker 1 (worker 0 holds its share of the window), as torch."""
+    and the next tasks go to worker 1 (worker 0 holds its share of the window), as torch.
+    Sample 0 is released only once three batches reached the consumer, so no timing of
+    the workers or of the main process can reorder them."""
 
-    def run(make: Any, event: Any, **kw: Any) -> list[tuple[int, int]]:
-        ds = _FirstWaitsForLast(event)
-        return _ids(list(make(ds, batch_size=1, num_workers=2, in_order=False, **kw)))
+    def run(make: Any, released: Any, **kw: Any) -> list[tuple[int, int]]:
+        ds = _FirstWaitsForRelease(released)
+        batches = []
+        for batch in make(ds, batch_size=1, num_workers=2, in_order=False, **kw):
+            batches.append(batch)
+            if len(batches) == 3:
+                released.set()
+        return _ids(batches)
 
     if mode == "thread":
         got = run(stoker.DataLoader, threading.Event(), worker_mode="thread")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from stoker import _osprobe
 from stoker._cache import shm_room_bytes
@@ -78,6 +78,26 @@ _RETRY_AFTER = 2
 """Epochs with workers after a lost in-process trial before another (twice as many after
 each loss): one trial epoch slowed by something else on the machine does not decide for
 good, and a dataset that really loads slower in process costs a trial epoch ever more rarely."""
+
+
+class EpochFigures(NamedTuple):
+    """What an epoch showed the tuner: its ``batches`` and, per batch, in seconds: the time
+    to deliver one (``per_batch``, workers' start included), the workers' mean busy time
+    (``load``) and the loop's own time, outside ``__next__`` (``loop``). The measuring
+    (:meth:`of`) and the judging (:meth:`Autotuner.judge_epoch`) are apart, so each
+    decision can be checked on given figures, whatever the machine's speed."""
+
+    batches: int
+    per_batch: float
+    load: float
+    loop: float
+
+    @classmethod
+    def of(cls, rec: StatsRecorder, seconds: float) -> EpochFigures:
+        """The figures of an epoch of ``seconds`` whose counters are ``rec``."""
+        n = max(1, rec.batches)
+        loop = max(0.0, rec.last - rec.start - rec.wait)
+        return cls(rec.batches, seconds / n, sum(rec.busy) / n, loop / n)
 
 
 class Autotuner:
@@ -387,16 +407,23 @@ class Autotuner:
         load_in_process: Callable[[], float | None] | None = None,
     ) -> None:
         """An epoch of ``rec.batches`` batches took ``seconds`` (workers' start included):
-        decide whether the next one loads in process (module docstring).
+        :meth:`judge_epoch` on what its counters show."""
+        self.judge_epoch(EpochFigures.of(rec, seconds), load_in_process)
+
+    def judge_epoch(
+        self, epoch: EpochFigures, load_in_process: Callable[[], float | None] | None = None
+    ) -> None:
+        """Decide from an epoch's figures whether the next one loads in process (module
+        docstring); only the figures decide, not the clock.
 
         Args:
             load_in_process: measures a batch's load time in process, or gives None; else
                 (or then) the workers' mean busy time per batch stands for it. Called only
                 when the workers were idle enough for the answer to matter.
         """
-        if not self._in_process or rec.batches < _MIN_EPOCH_BATCHES:
+        if not self._in_process or epoch.batches < _MIN_EPOCH_BATCHES:
             return
-        per_batch = seconds / rec.batches
+        per_batch = epoch.per_batch
         if self.workers == 0:  # the trial epoch
             assert self._trial is not None
             workers, before = self._trial
@@ -415,19 +442,17 @@ class Autotuner:
         if self._wait:  # a trial was lost lately
             self._wait -= 1
             return
-        load = sum(rec.busy) / rec.batches
-        busy = load / (self.workers * per_batch)
+        busy = epoch.load / (self.workers * per_batch)
         if busy >= _BUSY_SHARE:  # the workers are the bottleneck: measuring could not help
             return
         measured = load_in_process() if load_in_process is not None else None
-        load = load if measured is None else measured
-        loop = max(0.0, rec.last - rec.start - rec.wait) / rec.batches  # outside __next__
-        if (load + loop) * (1 + _MIN_GAIN) < per_batch:
+        load = epoch.load if measured is None else measured
+        if (load + epoch.loop) * (1 + _MIN_GAIN) < per_batch:
             self._trial = (self.workers, per_batch)
             self.workers = 0
             self.decide(
                 f"try in process next epoch: a batch loads in {load * 1e6:.0f} us and the "
-                f"loop takes {loop * 1e6:.0f} us, but {self._trial[0]} workers, busy "
+                f"loop takes {epoch.loop * 1e6:.0f} us, but {self._trial[0]} workers, busy "
                 f"{busy:.0%} of the time, delivered one every {per_batch * 1e6:.0f} us"
             )
 

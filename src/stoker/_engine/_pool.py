@@ -72,6 +72,10 @@ _EXIT_CODE_WAIT_S = 1.0
 """After a worker's pipe closed, how long to wait for its exit status."""
 _EXIT_WAIT_S = 5.0
 """How long a worker that said goodbye may take to exit before it is killed."""
+_KILLED_REAP_S = 60.0
+"""How long the reaper waits for a killed worker to end: a SIGKILL always ends it, but on a
+busy machine its teardown may take seconds, and a worker left unjoined stays a zombie, its
+sentinel descriptor open, until the interpreter exits."""
 _ALIVE_CHECK_S = 0.5
 """How often a thread pool waiting for results checks that its threads live (a thread
 that ends says so; this catches one that could not)."""
@@ -91,7 +95,7 @@ _REAPERS: set[threading.Thread] = set()
 def _join_reapers() -> None:
     """Wait for the reaper threads still running (each is bounded by its own timeouts)."""
     for t in list(_REAPERS):
-        t.join(_EXIT_WAIT_S + _KILL_JOIN_TIMEOUT_S)
+        t.join(_EXIT_WAIT_S + _KILLED_REAP_S)
 
 
 def _close_parent_ends_in_child() -> None:
@@ -681,7 +685,7 @@ def _reaper() -> Callable[[list[_ProcWorker]], None]:
             if w.proc.exitcode is None:
                 with contextlib.suppress(OSError):
                     w.proc.kill()
-                w.proc.join(_KILL_JOIN_TIMEOUT_S)
+                w.proc.join(_KILLED_REAP_S)
             if w.proc.exitcode != 0 or not w.said_bye:
                 _shm.unlink_prefix(w.prefix)  # it could not unlink its own segments
             with contextlib.suppress(ValueError):
