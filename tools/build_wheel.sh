@@ -26,7 +26,7 @@ DEBIAN_VERSION=1:2.1.5-2
 DEBIAN_SUITE=bookworm
 # The archive this machine's apt already uses (its first Debian URI), unless told another.
 machine_mirror() {
-    cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
+    { cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null || true; } |
         awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}
              /^deb / && $0 !~ /security/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; exit}}'
 }
