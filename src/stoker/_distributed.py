@@ -19,13 +19,14 @@ import itertools
 import operator
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any, TypeVar
 
 import numpy as np
 
 from stoker._dataset import IterableDataset
-from stoker._random import rng
+from stoker._elastic import Layout, check_elastic
+from stoker._random import SampleSeeds, rng
 from stoker._sampler import _U64, IndexArray, Sampler, _fast_iter, _is_int, check_state, state_int
 from stoker._worker_info import get_worker_info
 
@@ -127,6 +128,7 @@ class DistributedSampler(Sampler[int]):
         drop_last: bool = False,
         *,
         even: bool = True,
+        elastic: bool = False,
     ) -> None:
         num_replicas, rank = check_world("DistributedSampler", *find_world(num_replicas, rank))
         if not _is_int(seed):
@@ -139,6 +141,8 @@ class DistributedSampler(Sampler[int]):
                 "tail to make ranks even; pass even=False (evaluation) or drop_last=True "
                 "(training), not both."
             )
+        if not isinstance(elastic, bool):
+            raise TypeError(f"elastic must be a bool, got {elastic!r}; pass True or False.")
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank
@@ -147,6 +151,8 @@ class DistributedSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = int(seed)
         self.even = even
+        self.elastic = elastic
+        self.batch_size: int | None = None  # elastic: each rank's, set by the loader
         n, r = len(dataset), self.num_replicas
         if not even:
             self.num_samples = len(range(rank, n, r))
@@ -154,6 +160,37 @@ class DistributedSampler(Sampler[int]):
         else:
             self.num_samples = n // r if drop_last else -(-n // r)
             self.total_size = self.num_samples * self.num_replicas
+        if elastic:
+            self._layout = Layout(total=self.total_size, replicas=r, rank=rank, batch=1)
+            self.num_samples = self._layout.samples
+
+    def bind_batch_size(self, batch_size: int) -> None:
+        """Set each rank's batch size (elastic only; the loader calls it): global batch
+        ``k`` is then the places ``[k * G, (k + 1) * G)`` of the epoch's order, ``G =
+        batch_size * num_replicas``, rank ``r`` holding the ``r``-th block of each.
+
+        Raises:
+            ValueError: the sampler was bound to another batch size (by another loader).
+        """
+        if self.batch_size not in (None, batch_size):
+            raise ValueError(
+                f"this elastic DistributedSampler serves batches of {self.batch_size} (one "
+                f"loader's), but a loader with batch_size={batch_size} uses it too: its "
+                "samples' places follow one batch size; give each loader its own sampler."
+            )
+        self.batch_size = int(batch_size)
+        self._layout = self._layout._replace(batch=self.batch_size)
+        self.num_samples = self._layout.samples
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples in a global batch, all ranks together (elastic: ``batch_size * R``)."""
+        return (self.batch_size or 1) * self.num_replicas
+
+    def sample_seeds(self) -> Callable[[int], SampleSeeds]:
+        """Batch ``k`` of this rank -> its samples' seeds, for the epoch now set (elastic)."""
+        seed, epoch, start = self.seed % _U64, operator.index(self.epoch) % _U64, self._layout.start
+        return lambda k: SampleSeeds(seed=seed, epoch=epoch, start=start(k))
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch whose order the next ``__iter__`` gives (same on every rank).
@@ -177,6 +214,8 @@ class DistributedSampler(Sampler[int]):
             order = order[:total]
         elif n > 0:
             order = np.resize(order, total)  # repeats the order from its start
+        if self.elastic:
+            return self._layout.take(order).astype(np.int64, copy=False)
         return order[self.rank : total : self.num_replicas].astype(np.int64, copy=False)
 
     def _permutation(self, n: int) -> IndexArray:
@@ -194,27 +233,67 @@ class DistributedSampler(Sampler[int]):
         """``{"kind": "DistributedSampler", "seed", "epoch"}``: the same on every rank.
 
         The epoch is the one ``set_epoch`` set (iterating does not advance it, as in
-        torch). Edit ``"epoch"`` before loading to skip ahead or rewind.
+        torch). Edit ``"epoch"`` before loading to skip ahead or rewind. An elastic
+        sampler's state also holds ``"elastic"``, what a resume on another world size
+        must share: the dataset length, the global batch size and the order's settings
+        (the world size it was saved on is kept for messages).
 
         >>> DistributedSampler(range(4), 2, 0, seed=3).state_dict()
         {'kind': 'DistributedSampler', 'seed': 3, 'epoch': 0}
         """
-        return {"kind": type(self).__name__, "seed": self.seed, "epoch": self.epoch}
+        state: dict[str, Any] = {"kind": type(self).__name__, "seed": self.seed}
+        state["epoch"] = self.epoch
+        if self.elastic:
+            state["elastic"] = self._elastic_part()
+        return state
+
+    def _elastic_part(self) -> dict[str, Any]:
+        """What an elastic state must share with the sampler that loads it (and the world
+        size it was saved on)."""
+        return {
+            "length": len(self.dataset),
+            "global_batch_size": self.global_batch_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "even": self.even,
+            "num_replicas": self.num_replicas,
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a ``state_dict()`` (of any rank): the seed and the epoch.
+
+        An elastic sampler takes an elastic state saved on any world size, if the state's
+        seed, dataset length, global batch size and order settings are this sampler's.
 
         Args:
             state_dict: a dict from ``DistributedSampler.state_dict()``.
 
         Raises:
             TypeError: it is not a dict, or ``seed`` / ``epoch`` are not ints.
-            ValueError: its kind or keys differ.
+            ValueError: its kind or keys differ, or (elastic) it cannot resume here: the
+                message names both values.
         """
-        state = check_state(state_dict, self, ("seed", "epoch"))
+        seed, epoch = self._checked_state(state_dict)
+        self.seed, self.epoch = seed, epoch
+
+    def _checked_state(self, state_dict: Mapping[str, Any]) -> tuple[int, int]:
+        """``(seed, epoch)`` of ``state_dict``, all of it validated; nothing is applied."""
+        state = check_state(state_dict, self, ("seed", "epoch"), optional=("elastic",))
         seed = state_int(self, state, "seed", bound=None)
-        self.epoch = state_int(self, state, "epoch", bound=None)
-        self.seed = seed
+        epoch = state_int(self, state, "epoch", bound=None)
+        saved = state.get("elastic")
+        if saved is None and not self.elastic:
+            return seed, epoch
+        if saved is None or not self.elastic:
+            was, now = ("False", "True") if saved is None else ("True", "False")
+            raise ValueError(
+                f"DistributedSampler state was saved with elastic={was}, but this sampler has "
+                f"elastic={now}: the two place samples on ranks differently, so the rest of "
+                f"the epoch would repeat and miss samples; build the sampler with "
+                f"elastic={was}."
+            )
+        check_elastic(saved, self._elastic_part(), seed, self.seed)
+        return seed, epoch
 
 
 def _worker() -> tuple[int, int]:

@@ -7,6 +7,7 @@ everything here is picklable and free of process logic.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from stoker._batch import Alloc, set_output_alloc
 from stoker._collate import DefaultCollate
 from stoker._dataset import draws_nothing
+from stoker._random import SampleSeeds, seed_globals
 from stoker._stateful import is_stateful, resumed_iterator, take_state
 
 CollateFn = Callable[[Any], Any]
@@ -21,6 +23,39 @@ MapFn = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
 Skipped = tuple[list[Any], str, bool]
 """What a fetch skipped: the failing sample indices, the first error (``"Type: message"``),
 and whether the whole batch was dropped."""
+
+
+@dataclass(frozen=True)
+class PlacedTask:
+    """A batch's indices with the per-sample seeds of their places in the global order (an
+    elastic ``DistributedSampler``'s task): each sample is fetched with the global RNGs
+    seeded from its own seed, so its draws are the same at any world size or worker count.
+    A slice is a part of the batch with its samples' seeds (a tail split keeps them)."""
+
+    indices: np.ndarray[Any, Any]
+    seeds: SampleSeeds
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, part: slice) -> PlacedTask:
+        start = part.indices(len(self.indices))[0]
+        return PlacedTask(indices=self.indices[part], seeds=self.seeds.after(start))
+
+    def __repr__(self) -> str:  # how error messages name the batch's samples
+        return repr(self.indices.tolist())
+
+
+def placed_tasks(
+    tasks: Iterator[Any], seeds: Callable[[], Callable[[int], SampleSeeds]]
+) -> Iterator[PlacedTask]:
+    """An epoch's index batches as :class:`PlacedTask`; ``seeds()``, called when the first
+    batch is drawn (the epoch is fixed then), gives batch ``k``'s seeds."""
+    of: Callable[[int], SampleSeeds] | None = None
+    for k, task in enumerate(tasks):
+        if of is None:
+            of = seeds()
+        yield PlacedTask(indices=np.asarray(task, dtype=np.int64), seeds=of(k))
 
 
 class MapFetcher:
@@ -52,6 +87,7 @@ class MapFetcher:
         # Whether a fetch may draw from the global RNGs, so that each batch is seeded from
         # (seed, epoch, k) first; stoker's array datasets and default collate draw nothing.
         self.draws = not (type(collate_fn) is DefaultCollate and draws_nothing(dataset))
+        self._samples_draw = not draws_nothing(dataset)  # seeded one by one when placed
 
     def fetch(self, index: Any, alloc: Alloc | None = None) -> Any:
         """The collated batch for ``index``; ``alloc`` goes to stoker's default collate."""
@@ -83,6 +119,13 @@ class MapFetcher:
 
     def _load(self, index: Any, map_fn: MapFn | None = None) -> Any:
         ds = self.dataset
+        if type(index) is PlacedTask:
+            if not self._samples_draw:  # nothing to seed: the batch as any other
+                return self._load(index.indices, map_fn)
+            data: list[Any] = []  # one sample at a time, each under its own seed
+            for i, seed in _seeded(index):
+                data.extend(self._one(i, seed))
+            return data
         if self.auto_collation:
             getitems = getattr(ds, "__getitems__", None)
             if getitems is not None:
@@ -105,26 +148,35 @@ class MapFetcher:
         if not self.auto_collation:
             one = int(index) if isinstance(index, (int, np.integer)) else index
             return None, ([one], _error_text(batch_error), True)
-        ds = self.dataset
-        getitems = getattr(ds, "__getitems__", None)
-        as_array = getitems is not None and getattr(ds, "_stoker_index_array", False)
-        indices = index.tolist() if isinstance(index, np.ndarray) else list(index)
+        if type(index) is PlacedTask:
+            pairs = _seeded(index)
+        else:
+            indices = index.tolist() if isinstance(index, np.ndarray) else list(index)
+            pairs = [(i, None) for i in indices]
         data: list[Any] = []
         failed: list[int] = []
         first = ""
-        for i in indices:
+        for i, seed in pairs:
             try:
-                if getitems is None:
-                    data.append(ds[i])
-                else:
-                    one = np.array([i], np.int64) if as_array else [i]
-                    data.extend(getitems(one))
+                data.extend(self._one(i, seed if self._samples_draw else None))
             except Exception as exc:
                 failed.append(i)
                 first = first or _error_text(exc)
         if not failed:  # the batch failed as a whole but each sample loads: not skippable
             raise batch_error
         return data or None, (failed, first, not data)
+
+    def _one(self, i: int, seed: int | None) -> Any:
+        """Sample ``i`` as a batch of one, fetched alone (through ``__getitems__`` where
+        the dataset has it), with the global RNGs seeded from ``seed`` unless it is None."""
+        if seed is not None:
+            seed_globals(seed)
+        ds = self.dataset
+        getitems = getattr(ds, "__getitems__", None)
+        if getitems is None:
+            return [ds[i]]
+        as_array = getattr(ds, "_stoker_index_array", False)
+        return getitems(np.array([i], np.int64) if as_array else [i])
 
 
 class IterableFetcher:
@@ -190,6 +242,12 @@ class IterableFetcher:
     def fetch_skipping(self, index: Any = None, alloc: Alloc | None = None) -> tuple[Any, None]:
         """(the next batch, None): skipping applies to map-style datasets only."""
         return self.fetch(index, alloc), None
+
+
+def _seeded(task: PlacedTask) -> list[tuple[int, int | None]]:
+    """``(index, seed)`` of each sample of ``task`` (seed None: nothing to seed)."""
+    indices = task.indices.tolist()
+    return list(zip(indices, task.seeds.of(len(indices)), strict=True))
 
 
 def _error_text(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ from stoker._collate import DefaultCollate, check_tensor_type
 from stoker._dataset import is_iterable_dataset
 from stoker._engine._config import EngineConfig, EngineMemory
 from stoker._engine._pin import pin_device
-from stoker._fetch import IterableFetcher, MapFetcher
+from stoker._fetch import IterableFetcher, MapFetcher, placed_tasks
 from stoker._policy import DEFAULT_PREFETCH, may_load_in_process, prefetch_of
 from stoker._sampler import (
     BatchSampler,
@@ -240,6 +240,7 @@ class DataLoader(Generic[T_co]):
             batches_of = sampler if _iterable(sampler) else _Unusable("sampler", sampler)
             batch_sampler = BatchSampler(cast(Any, batches_of), batch_size, drop_last)
 
+        _bind_elastic(sampler, batch_sampler)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = sampler
@@ -538,11 +539,15 @@ class DataLoader(Generic[T_co]):
     def _check_fits(self, sd: dict[str, Any]) -> None:
         """Raise ``ValueError`` unless state ``sd`` (checked on its own) fits this loader."""
         fix = "resume with a loader built as the one that saved the state"
+        elastic = _elastic_sampler(self.batch_sampler)
+        saved_world = _saved_world(sd["sampler"]) if elastic is not None else None
         for key, mine in (
             ("length", self._dataset_length()),
             ("batch_size", self.batch_size),
             ("drop_last", self.drop_last),
         ):
+            if key == "batch_size" and saved_world is not None:
+                continue  # per rank: the sampler checks the global batch size
             if key in sd and sd[key] != mine:
                 what = "dataset length" if key == "length" else key
                 raise ValueError(
@@ -559,6 +564,18 @@ class DataLoader(Generic[T_co]):
                     "resume with the sampler the state was saved with."
                 )
             check_sampler_state(index_sampler, sampler)
+        if (
+            saved_world is not None
+            and saved_world != elastic.num_replicas
+            and sd["delivered_beyond"]
+        ):
+            raise ValueError(
+                f"DataLoader state was saved on {saved_world} ranks with batches delivered out "
+                f"of order ({sd['delivered_beyond']} beyond the first {sd['delivered']}; "
+                "in_order=False), which describe the saving rank's part of those global "
+                f"batches only: it cannot resume on {elastic.num_replicas} ranks; resume on "
+                f"{saved_world} ranks, or save with in_order=True."
+            )
         if sd["dataset"] is not None and not callable(
             getattr(self.dataset, "load_state_dict", None)
         ):
@@ -771,11 +788,48 @@ class DataLoader(Generic[T_co]):
 
 
 def _tasks_of(batch_sampler: Any, index_sampler: Any, iterable: bool) -> Iterator[Any]:
-    """An epoch's tasks (see ``DataLoader._tasks``)."""
+    """An epoch's tasks (see ``DataLoader._tasks``); an elastic sampler's batches carry
+    their samples' seeds (:class:`~stoker._fetch.PlacedTask`)."""
     if iterable:
         return itertools.repeat(None)
     arrays = batch_arrays(batch_sampler)
-    return arrays if arrays is not None else iter(index_sampler)
+    tasks = arrays if arrays is not None else iter(index_sampler)
+    elastic = _elastic_sampler(batch_sampler)
+    return tasks if elastic is None else placed_tasks(tasks, elastic.sample_seeds)
+
+
+def _saved_world(state: Any) -> int | None:
+    """The world size an elastic sampler's state (within a loader's) was saved on, or None."""
+    inner = state.get("sampler") if isinstance(state, dict) else None
+    part = inner.get("elastic") if isinstance(inner, dict) else None
+    world = part.get("num_replicas") if isinstance(part, dict) else None
+    return world if isinstance(world, int) else None
+
+
+def _elastic_sampler(batch_sampler: Any) -> Any:
+    """The elastic ``DistributedSampler`` that ``batch_sampler`` (stoker's) batches, or None."""
+    inner = getattr(batch_sampler, "sampler", None)
+    return inner if getattr(inner, "elastic", False) is True else None
+
+
+def _bind_elastic(sampler: Any, batch_sampler: Any) -> None:
+    """Tell an elastic ``DistributedSampler`` the batch size its samples are placed by.
+
+    Raises:
+        ValueError: its indices are not batched by stoker's ``BatchSampler`` (the places
+            of a batch's samples are known only then).
+    """
+    inner = _elastic_sampler(batch_sampler)
+    if inner is not None and type(batch_sampler).__iter__ is BatchSampler.__iter__:
+        inner.bind_batch_size(batch_sampler.batch_size)
+    elif getattr(sampler, "elastic", False) is True or inner is not None:
+        raise ValueError(
+            "an elastic DistributedSampler places each sample of a global batch by the "
+            "loader's batch size, but this loader does not batch its indices with stoker's "
+            f"BatchSampler (batch_size={getattr(batch_sampler, 'batch_size', None)!r}, "
+            f"batch_sampler {type(batch_sampler).__name__}): pass sampler= and a batch_size, "
+            "or batch_sampler=stoker.BatchSampler(sampler, batch_size, drop_last)."
+        )
 
 
 def _state_of(index_sampler: Any, iterable: bool) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ import base64
 import random
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -173,6 +174,31 @@ def batch_seeds(seed: int, epoch: int, batches: Any) -> list[int]:
     h = (h ^ (h >> u(27))) * u(_M2)
     h ^= h >> u(31)
     return (h >> u(1)).tolist()  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class SampleSeeds:
+    """Per-sample seeds, the seed kind of an elastic ``DistributedSampler``'s batches: the
+    sample at place ``p`` of the epoch's global order draws from ``mix_seed(seed, epoch, p)``
+    (today's batch seed with the batch number replaced by the place), so its draws do not
+    depend on the rank, worker or batch it lands in. ``start`` is the place of a batch's
+    first sample; its ``i``-th sample is at ``start + i``.
+
+    >>> SampleSeeds(seed=1, epoch=2, start=3).of(2) == [mix_seed(1, 2, 3), mix_seed(1, 2, 4)]
+    True
+    """
+
+    seed: int
+    epoch: int
+    start: int
+
+    def of(self, count: int) -> list[int]:
+        """The seeds of the ``count`` samples from :attr:`start` on."""
+        return batch_seeds(self.seed, self.epoch, np.arange(self.start, self.start + count))
+
+    def after(self, offset: int) -> SampleSeeds:
+        """The seeds of the samples from ``offset`` places further on (a part of a batch)."""
+        return SampleSeeds(seed=self.seed, epoch=self.epoch, start=self.start + offset)
 
 
 def seed_globals(seed: int, every_device: bool = False) -> None:

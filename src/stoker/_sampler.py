@@ -980,5 +980,7 @@ def check_sampler_state(sampler: object, state: Mapping[str, Any]) -> None:
         sampler._checked_inner(state)
     elif isinstance(sampler, SequentialSampler):
         check_state(state, sampler, ())
+    elif type(sampler).__module__.startswith("stoker.") and hasattr(sampler, "_checked_state"):
+        sampler._checked_state(state)  # DistributedSampler (elastic states, too)
     elif type(sampler).__module__.startswith("stoker.") and isinstance(state, Mapping):
         check_state(state, sampler, tuple(k for k in state if k != "kind"))
