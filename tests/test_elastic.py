@@ -299,3 +299,26 @@ def test_the_torch_front_door_gives_the_same_global_batches() -> None:
     assert one == two
     order = list(torch.utils.data.DistributedSampler(range(_N), 1, 0, seed=1))
     assert [s[0] for s in one[0]] == sorted(order[:_G])
+
+
+def test_a_non_elastic_share_refuses_another_world_size_within_an_epoch() -> None:
+    """Torch's interleaved ``DistributedSampler`` and ``ShardedIterable`` deal the rest of
+    an epoch out otherwise on another world size: a state saved within an epoch is refused
+    there (naming both sizes), taken on the same size, and at an epoch's end on any."""
+    saver = stoker.DataLoader(range(40), batch_size=4, sampler=DistributedSampler(range(40), 2, 0))
+    it = iter(saver)
+    next(it)
+    state = saver.state_dict()
+    assert state["world"] == 2
+    four = stoker.DataLoader(range(40), batch_size=4, sampler=DistributedSampler(range(40), 4, 0))
+    with pytest.raises(ValueError, match=r"saved within an epoch on 2 ranks.* among 4"):
+        four.load_state_dict(state)
+    again = stoker.DataLoader(range(40), batch_size=4, sampler=DistributedSampler(range(40), 2, 1))
+    again.load_state_dict(state)
+    list(it)
+    four.load_state_dict(saver.state_dict())  # the epoch's end: the next is dealt afresh
+    stream = stoker.DataLoader(stoker.ShardedIterable(range(40), num_replicas=2, rank=0), 4)
+    next(iter(stream))
+    other = stoker.DataLoader(stoker.ShardedIterable(range(40), num_replicas=4, rank=0), 4)
+    with pytest.raises(ValueError, match="loader's ShardedIterable shares the data among 4"):
+        other.load_state_dict(stream.state_dict())

@@ -6,7 +6,8 @@ read the world when built, in the main process, where the group lives: worker pr
 and threads started later by a loader need not (and often cannot) join the group.
 
 ``DistributedSampler`` is resumable: its ``state_dict()`` is ``{"kind", "seed", "epoch"}``,
-the same on every rank, so one rank's checkpoint restores them all. With ``even=False``
+the same on every rank, so one rank's checkpoint restores them all (an elastic one's, on
+any world size that divides its global batch size: see :mod:`stoker._elastic`). With ``even=False``
 (evaluation) it neither pads nor drops: every index goes to exactly one rank.
 
 >>> [list(DistributedSampler(range(5), 2, r, shuffle=False, even=False)) for r in (0, 1)]
@@ -105,6 +106,9 @@ class DistributedSampler(Sampler[int]):
         drop_last: cut the tail instead of padding.
         even: keyword-only; False gives every index exactly once, unpadded and uncut
             (``docs/engine.md``).
+        elastic: keyword-only; True gives the same global batches, draws included, on
+            any world size, and resumes on another (``docs/engine.md``, "Elastic
+            sampling"); False: torch's interleaved order.
 
     Raises:
         RuntimeError: the world size or rank cannot be found.

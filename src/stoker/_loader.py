@@ -22,6 +22,7 @@ import numpy as np
 from stoker import _cache, _random
 from stoker._collate import DefaultCollate, check_tensor_type
 from stoker._dataset import is_iterable_dataset
+from stoker._distributed import DistributedSampler, ShardedIterable
 from stoker._engine._config import EngineConfig, EngineMemory
 from stoker._engine._pin import pin_device
 from stoker._fetch import IterableFetcher, MapFetcher, placed_tasks
@@ -503,7 +504,16 @@ class DataLoader(Generic[T_co]):
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "stream": stream,
+            "world": self._world(),
         }
+
+    def _world(self) -> int | None:
+        """The number of ranks this loader's ``DistributedSampler`` (or ``ShardedIterable``
+        dataset) shares the data among, or None."""
+        for part in (self.dataset, self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            if isinstance(part, (DistributedSampler, ShardedIterable)):
+                return part.num_replicas
+        return None
 
     def _dataset_length(self) -> int | None:
         """``len(dataset)``, or None for a dataset without one (or an iterable one)."""
@@ -586,12 +596,32 @@ class DataLoader(Generic[T_co]):
         stream = sd.get("stream")
         if stream is not None:
             self._check_stream_fits(stream, fix)
+        if elastic is None:
+            self._check_world_fits(sd)
         if not self._iterable and sd["delivered"] > len(self):
             raise ValueError(
                 f"DataLoader state says {sd['delivered']} batches were delivered, but an "
                 f"epoch of this loader has {len(self)}: was it saved with another dataset "
                 "or batch size?"
             )
+
+    def _check_world_fits(self, sd: dict[str, Any]) -> None:
+        """Raise ``ValueError`` if state ``sd``, saved within an epoch, was saved on another
+        world size than this loader's (and its sampler is not elastic)."""
+        saved, mine = sd.get("world"), self._world()
+        if saved is None or mine is None or saved == mine:
+            return
+        if not (sd["delivered"] or sd["delivered_beyond"] or sd.get("stream") is not None):
+            return  # at an epoch's end: the next one is dealt out afresh
+        what, other = "DistributedSampler", "; DistributedSampler(elastic=True) resumes"
+        if self._iterable:
+            what, other = "ShardedIterable", "; a map-style dataset with an elastic sampler would"
+        raise ValueError(
+            f"DataLoader state was saved within an epoch on {saved} ranks, but this loader's "
+            f"{what} shares the data among {mine}: the ranks' shares of the rest of that "
+            f"epoch differ, so samples would repeat or be missed; resume on {saved} ranks, or "
+            f"at an epoch's end{other} on any world size."
+        )
 
     def _check_stream_fits(self, stream: dict[str, Any], fix: str) -> None:
         """Raise ``ValueError`` unless a stateful stream's part fits this loader."""

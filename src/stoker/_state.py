@@ -13,7 +13,7 @@ being fetched on resume. ``sampler`` is the batch sampler's state that draws the
 again (on a torch stream, the generator's state before its draw, as base64). ``length``,
 ``batch_size`` and ``drop_last`` describe the saving loader; one that differs refuses the
 state. ``skipped`` counts samples left out by ``skip_errors``, so the cap holds across a
-resume. ``stream``: stateful streams' worker states, or None.
+resume. ``stream``: stateful streams' worker states; ``world``: ranks.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ _KEYS = (
     "sampler",
     "dataset",
 )
-_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last", "stream")
+_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last", "stream", "world")
 """Keys absent from older states: whether it was saved within an epoch (whose iterator
-had made its draws), what describes the loader that saved it, and a stateful stream's
-workers' states."""
+had made its draws), what describes the loader that saved it, a stateful stream's
+workers' states, and the world size its ``DistributedSampler`` or ``ShardedIterable``
+shared the data among (None: neither)."""
 
 
 _TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_iterator_finished")
@@ -200,7 +201,7 @@ def check_state(sd: object) -> dict[str, Any]:
             "DataLoader state field 'delivered_beyond' must be a list of batch indices "
             f"greater than delivered={sd['delivered']}, got {beyond!r}."
         )
-    for key in ("length", "batch_size"):
+    for key in ("length", "batch_size", "world"):
         value = sd.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise TypeError(
