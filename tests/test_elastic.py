@@ -41,13 +41,22 @@ class Augmenting(stoker.Dataset):  # type: ignore[type-arg]
         return np.array([i, *draws], dtype=np.int64)
 
 
-def _loader(sampler: Any, world: int, workers: int, mode: str = "process") -> Any:
-    """A rank's loader; process workers forked, as under torchrun (a spawned rank would
-    spawn them, each importing torch again: seconds a worker on a busy machine)."""
+class AugmentingStream(stoker.IterableDataset):  # type: ignore[type-arg]
+    """The samples of :class:`Augmenting` as a stream, drawn as they are read."""
+
+    def __iter__(self) -> Any:
+        return map(Augmenting().__getitem__, range(_N))
+
+
+def _loader(share: Any, world: int, workers: int, mode: str = "process") -> Any:
+    """A rank's loader over its elastic share (a sampler, or a stream); process workers
+    forked, as under torchrun (a spawned rank would spawn them, each importing torch
+    again: seconds a worker on a busy machine)."""
+    stream = isinstance(share, stoker.ShardedIterable)
     return stoker.DataLoader(
-        Augmenting(),
+        share if stream else Augmenting(),
         batch_size=_G // world,
-        sampler=sampler,
+        sampler=None if stream else share,
         num_workers=workers,
         worker_mode=mode,
         multiprocessing_context="fork" if workers and mode == "process" else None,
@@ -56,9 +65,13 @@ def _loader(sampler: Any, world: int, workers: int, mode: str = "process") -> An
 
 def _run(job: dict[str, Any], world: int, rank: int | None) -> dict[str, Any]:
     """One rank's part of ``job``: epoch ``job["epoch"]`` (resumed from ``job["state"]``,
-    or cut after ``job["stop"]`` batches with its state), then the next epoch whole."""
-    kw = {} if rank is None else {"num_replicas": world, "rank": rank}
-    sampler = DistributedSampler(Augmenting(), seed=_SEED, elastic=True, **kw)  # type: ignore[arg-type]
+    or cut after ``job["stop"]`` batches with its state), then the next epoch whole; over
+    a ``ShardedIterable`` where ``job["stream"]``."""
+    kw: dict[str, Any] = {} if rank is None else {"num_replicas": world, "rank": rank}
+    if job.get("stream"):
+        sampler: Any = stoker.ShardedIterable(AugmentingStream(), elastic=True, seed=_SEED, **kw)
+    else:
+        sampler = DistributedSampler(Augmenting(), seed=_SEED, elastic=True, **kw)  # type: ignore[arg-type]
     sampler.set_epoch(job["epoch"])
     loader = _loader(sampler, sampler.num_replicas, job["workers"], job.get("mode", "process"))
     if job.get("state") is not None:
@@ -171,10 +184,10 @@ def _global(per_rank: list[list[Any]]) -> list[list[Any]]:
     ]
 
 
-def _uninterrupted(world: int, epoch: int) -> list[list[Any]]:
+def _uninterrupted(world: int, epoch: int, stream: bool = False) -> list[list[Any]]:
     """The global batches of epoch ``epoch`` on ``world`` ranks, run without interruption
     (each rank in turn, here; the world given, no process group)."""
-    job = {"epoch": epoch, "workers": 0, "stop": None}
+    job = {"epoch": epoch, "workers": 0, "stop": None, "stream": stream}
     return _global([_run(job, world, rank)["batches"] for rank in range(world)])
 
 
@@ -216,6 +229,16 @@ def test_elastic_resume_across_world_sizes(tmp_path: Path) -> None:
             ids = collections.Counter(s[0] for batch in before + rest for s in batch)
             assert set(ids) == set(range(_N)) and sum(ids.values()) == _total(new)
             assert _global([r["next"] for r in resumed]) == after[new], (old, new)
+        # A stream, dealt by global batches: saved on 2 ranks, resumed (replayed) on 4.
+        stream = {w: _uninterrupted(w, 3, stream=True) for w in (2, 4)}
+        assert stream[2] == stream[4]  # no padding: the last global batch too
+        saved = ranks.run(2, {"epoch": 3, "workers": 2, "stop": 2, "stream": True})
+        before = _global([r["batches"] for r in saved])
+        job = {"epoch": 0, "workers": 1, "state": saved[0]["state"], "stream": True}
+        rest = _global([r["batches"] for r in ranks.run(4, job)])
+        assert before + rest == stream[4]
+        ids = collections.Counter(s[0] for batch in before + rest for s in batch)
+        assert sorted(ids.elements()) == list(range(_N))
     finally:
         ranks.close()
 
@@ -242,7 +265,7 @@ def test_a_state_that_cannot_resume_is_refused_naming_both_values() -> None:
         loader.load_state_dict(state)
     other_seed = DistributedSampler(Augmenting(), 4, 1, seed=8, elastic=True)  # type: ignore[arg-type]
     loader = stoker.DataLoader(Augmenting(), batch_size=2, sampler=other_seed)
-    with pytest.raises(ValueError, match="seed=7, but this sampler has seed=8"):
+    with pytest.raises(ValueError, match="seed=7, but this DistributedSampler has seed=8"):
         loader.load_state_dict(state)
     assert other_seed.seed == 8 and other_seed.epoch == 0
     shorter = DistributedSampler(range(40), 4, 1, seed=_SEED, elastic=True)  # type: ignore[arg-type]
@@ -322,3 +345,29 @@ def test_a_non_elastic_share_refuses_another_world_size_within_an_epoch() -> Non
     other = stoker.DataLoader(stoker.ShardedIterable(range(40), num_replicas=4, rank=0), 4)
     with pytest.raises(ValueError, match="loader's ShardedIterable shares the data among 4"):
         other.load_state_dict(stream.state_dict())
+
+
+def test_an_elastic_stream_checks_its_state_and_workers() -> None:
+    """An elastic ``ShardedIterable``: its state resumes with other worker counts on
+    another world size, and is refused with another global batch size or seed, or by a
+    non-elastic share, naming both values; thread workers (which share the RNGs each
+    item is seeded in) are refused."""
+    stream = stoker.ShardedIterable(AugmentingStream(), num_replicas=2, rank=0, elastic=True)
+    saver = stoker.DataLoader(stream, batch_size=4)
+    it = iter(saver)
+    next(it)
+    state = saver.state_dict()
+    assert state["elastic"] == {"global_batch_size": 8, "num_replicas": 2, "seed": 0, "epoch": 0}
+
+    def share(**kw: Any) -> Any:
+        return stoker.ShardedIterable(AugmentingStream(), num_replicas=4, rank=3, **kw)
+
+    stoker.DataLoader(share(elastic=True), batch_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"global_batch_size=8 \(on 2 ranks\).*=4 \(on 4"):
+        stoker.DataLoader(share(elastic=True), batch_size=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed=0, but this ShardedIterable has seed=1"):
+        stoker.DataLoader(share(elastic=True, seed=1), batch_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="elastic=True, but this loader's has elastic=False"):
+        stoker.DataLoader(share(), batch_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="thread workers share"):
+        stoker.DataLoader(share(elastic=True), batch_size=2, num_workers=1, worker_mode="thread")

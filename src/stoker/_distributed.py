@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from stoker._dataset import IterableDataset
-from stoker._elastic import Layout, check_elastic
+from stoker._elastic import Layout, check_elastic, checked_batch_size, deal
 from stoker._random import SampleSeeds, rng
 from stoker._sampler import _U64, IndexArray, Sampler, _fast_iter, _is_int, check_state, state_int
 from stoker._worker_info import get_worker_info
@@ -176,13 +176,7 @@ class DistributedSampler(Sampler[int]):
         Raises:
             ValueError: the sampler was bound to another batch size (by another loader).
         """
-        if self.batch_size not in (None, batch_size):
-            raise ValueError(
-                f"this elastic DistributedSampler serves batches of {self.batch_size} (one "
-                f"loader's), but a loader with batch_size={batch_size} uses it too: its "
-                "samples' places follow one batch size; give each loader its own sampler."
-            )
-        self.batch_size = int(batch_size)
+        self.batch_size = checked_batch_size(self, self.batch_size, batch_size)
         self._layout = self._layout._replace(batch=self.batch_size)
         self.num_samples = self._layout.samples
 
@@ -296,7 +290,7 @@ class DistributedSampler(Sampler[int]):
                 f"the epoch would repeat and miss samples; build the sampler with "
                 f"elastic={was}."
             )
-        check_elastic(saved, self._elastic_part(), seed, self.seed)
+        check_elastic("DistributedSampler", saved, self._elastic_part(), seed, self.seed)
         return seed, epoch
 
 
@@ -317,7 +311,7 @@ class ShardedIterable(IterableDataset[T_co]):
 
     Item ``i`` goes to rank ``i % num_replicas`` and, within it, to worker
     ``(i // num_replicas) % num_workers``, so a rank's items do not depend on its worker
-    count. Each worker still reads and skips the others' items: for costly items, shard the
+    count. Each worker reads and skips the others' items: for costly items, shard the
     source instead. The world is found when this is built (one process without a process
     group or ``WORLD_SIZE`` / ``RANK``); the worker at each ``__iter__``.
 
@@ -325,6 +319,9 @@ class ShardedIterable(IterableDataset[T_co]):
         dataset: any iterable, iterated afresh at each ``__iter__``.
         num_replicas: number of ranks (keyword-only); default as ``DistributedSampler``.
         rank: this process's rank (keyword-only); default as ``DistributedSampler``.
+        elastic: keyword-only; True: the same global batches on any world size
+            (``docs/engine.md``, "Elastic sampling").
+        seed: keyword-only; elastic items are seeded from it, ``set_epoch`` and their place.
 
     Raises:
         RuntimeError: only one of ``num_replicas`` / ``rank`` is given or found.
@@ -337,16 +334,56 @@ class ShardedIterable(IterableDataset[T_co]):
     """
 
     def __init__(
-        self, dataset: Iterable[T_co], *, num_replicas: int | None = None, rank: int | None = None
+        self,
+        dataset: Iterable[T_co],
+        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        elastic: bool = False,
+        seed: int = 0,
     ) -> None:
         found = find_world(num_replicas, rank)
         if found == (None, None):
             found = (1, 0)
+        if not isinstance(elastic, bool):
+            raise TypeError(f"elastic must be a bool, got {elastic!r}; pass True or False.")
+        if not _is_int(seed) or seed < 0:
+            raise TypeError(f"seed must be an integer >= 0, got {seed!r}.")
         self.dataset = dataset
         self.num_replicas, self.rank = check_world("ShardedIterable", *found)
+        self.elastic, self.seed, self.epoch = elastic, int(seed), 0
+        self.batch_size: int | None = None  # elastic: each rank's, set by the loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch whose seeds an elastic share's items are drawn with.
+
+        Raises:
+            TypeError: ``epoch`` is not an integer.
+        """
+        if not _is_int(epoch):
+            raise TypeError(f"epoch must be an integer, got {epoch!r}.")
+        self.epoch = int(epoch)
+
+    def bind_batch_size(self, batch_size: int) -> None:
+        """Set each rank's batch size (elastic only; the loader calls it), as
+        :meth:`DistributedSampler.bind_batch_size`."""
+        self.batch_size = checked_batch_size(self, self.batch_size, batch_size)
+
+    def elastic_part(self) -> dict[str, Any]:
+        """What an elastic share's state must share with the one that resumes it (and
+        the world size it was saved on, for messages)."""
+        return {
+            "global_batch_size": (self.batch_size or 1) * self.num_replicas,
+            "num_replicas": self.num_replicas,
+        }
 
     def __iter__(self) -> Iterator[T_co]:
         worker_id, num_workers = _worker()
+        if self.elastic:
+            b = self.batch_size or 1
+            place = Layout(total=0, replicas=self.num_replicas, rank=self.rank, batch=b)
+            seeds = SampleSeeds(seed=self.seed, epoch=self.epoch % _U64, start=0)
+            return deal(iter(self.dataset), place, worker_id, num_workers, seeds)
         start = worker_id * self.num_replicas + self.rank
         return itertools.islice(iter(self.dataset), start, None, self.num_replicas * num_workers)
 
@@ -356,4 +393,9 @@ class ShardedIterable(IterableDataset[T_co]):
         Raises:
             TypeError: ``dataset`` has no ``__len__``.
         """
-        return len(range(self.rank, len(self.dataset), self.num_replicas))  # type: ignore[arg-type]
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if not self.elastic:
+            return len(range(self.rank, n, self.num_replicas))
+        b = self.batch_size or 1
+        full, rest = divmod(n, b * self.num_replicas)
+        return full * b + min(b, max(0, rest - self.rank * b))

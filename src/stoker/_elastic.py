@@ -12,10 +12,12 @@ batches; only the padding of the last one depends on the world size.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from stoker._random import SampleSeeds, seed_globals
 
 
 class Layout(NamedTuple):
@@ -65,9 +67,6 @@ class Layout(NamedTuple):
         return np.concatenate([head.ravel(), tail])
 
 
-_SHARED = ("length", "global_batch_size", "shuffle", "drop_last", "even")
-"""What an elastic state must share with the sampler that resumes it."""
-
 _FIXES = {
     "length": "resume over the dataset the state was saved with",
     "global_batch_size": "give each rank batch_size = global batch size / world size",
@@ -75,11 +74,33 @@ _FIXES = {
     "drop_last": "build the sampler with the saving run's drop_last",
     "even": "build the sampler with the saving run's even",
 }
+"""What an elastic state must share with what resumes it (beside the seed), and the fix."""
 
 
-def check_elastic(saved: object, mine: Mapping[str, Any], seed: int, my_seed: int) -> None:
+def checked_batch_size(owner: object, bound: int | None, batch_size: int) -> int:
+    """``batch_size``, the batch size an elastic ``owner`` (bound to ``bound`` or to none
+    yet) places its samples by from now on.
+
+    Raises:
+        ValueError: ``owner`` is bound to another batch size (by another loader).
+    """
+    if bound not in (None, batch_size):
+        kind = type(owner).__name__
+        raise ValueError(
+            f"this elastic {kind} serves batches of {bound} (one loader's), but a loader "
+            f"with batch_size={batch_size} uses it too: its samples' places follow one batch "
+            f"size; give each loader its own {kind}."
+        )
+    return int(batch_size)
+
+
+def check_elastic(
+    who: str, saved: object, mine: Mapping[str, Any], seed: object, my_seed: int
+) -> None:
     """Raise ``ValueError`` unless an elastic state's part ``saved`` (and its ``seed``) can
-    resume on the sampler whose part is ``mine`` (and whose seed is ``my_seed``).
+    resume on ``who`` (``"DistributedSampler"``, ``"ShardedIterable"``), whose part is
+    ``mine`` (what it shares: the keys of ``_FIXES`` it has, and ``num_replicas``) and
+    whose seed is ``my_seed``.
 
     Raises:
         ValueError: a key is missing, or a value differs (the message names both).
@@ -87,21 +108,44 @@ def check_elastic(saved: object, mine: Mapping[str, Any], seed: int, my_seed: in
     if not isinstance(saved, Mapping) or set(saved) != set(mine):
         found = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
         raise ValueError(
-            f"DistributedSampler state['elastic'] must be a dict with the keys "
-            f"{sorted(mine)}, got {found}: pass the dict DistributedSampler.state_dict() "
-            "returned."
+            f"{who} state['elastic'] must be a dict with the keys {sorted(mine)}, got "
+            f"{found}: pass the dict state_dict() returned."
         )
     if seed != my_seed:
         raise ValueError(
-            f"elastic DistributedSampler state was saved with seed={seed}, but this sampler "
-            f"has seed={my_seed}: every rank must draw the one order of the saving run; build "
-            f"the sampler with seed={seed}."
+            f"elastic {who} state was saved with seed={seed}, but this {who} has "
+            f"seed={my_seed}: every rank must draw the one order of the saving run; build it "
+            f"with seed={seed}."
         )
-    for key in _SHARED:
+    for key in (k for k in _FIXES if k in mine):
         if saved[key] != mine[key]:
             raise ValueError(
-                f"elastic DistributedSampler state was saved with {key}={saved[key]!r} (on "
-                f"{saved['num_replicas']} ranks), but this sampler has {key}={mine[key]!r} "
+                f"elastic {who} state was saved with {key}={saved[key]!r} (on "
+                f"{saved['num_replicas']} ranks), but this {who} has {key}={mine[key]!r} "
                 f"(on {mine['num_replicas']} ranks): the rest of the epoch must be cut from "
                 f"the same global batches; {_FIXES[key]}."
             )
+
+
+def deal(
+    source: Iterator[Any], place: Layout, worker: int, workers: int, seeds: SampleSeeds
+) -> Iterator[Any]:
+    """The items of a stream that worker ``worker`` of ``workers`` of rank ``place.rank``
+    yields: the rank's blocks of global batches ``worker``, ``worker + workers``, ... (the
+    loader takes the workers' batches in turn, so the rank's batches come in order). Every
+    item read, kept or not, is drawn with the global RNGs seeded from its place, so the
+    stream (and what a source's own draws make of it) is the same on every rank and worker.
+    """
+    size, i, k = place.batch * place.replicas, 0, worker
+    while True:
+        first = k * size + place.rank * place.batch
+        for seed in seeds.after(i).of(first + place.batch - i):
+            seed_globals(seed)
+            try:
+                item = next(source)
+            except StopIteration:
+                return
+            if i >= first:
+                yield item
+            i += 1
+        k += workers

@@ -23,6 +23,7 @@ from stoker import _cache, _random
 from stoker._collate import DefaultCollate, check_tensor_type
 from stoker._dataset import is_iterable_dataset
 from stoker._distributed import DistributedSampler, ShardedIterable
+from stoker._elastic import check_elastic
 from stoker._engine._config import EngineConfig, EngineMemory
 from stoker._engine._pin import pin_device
 from stoker._fetch import IterableFetcher, MapFetcher, placed_tasks
@@ -242,6 +243,7 @@ class DataLoader(Generic[T_co]):
             batch_sampler = BatchSampler(cast(Any, batches_of), batch_size, drop_last)
 
         _bind_elastic(sampler, batch_sampler)
+        _bind_stream(dataset, batch_size, num_workers, worker_mode)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.sampler = sampler
@@ -505,6 +507,7 @@ class DataLoader(Generic[T_co]):
             "drop_last": self.drop_last,
             "stream": stream,
             "world": self._world(),
+            "elastic": _stream_state(self.dataset),
         }
 
     def _world(self) -> int | None:
@@ -542,6 +545,9 @@ class DataLoader(Generic[T_co]):
             self.dataset.load_state_dict(sd["dataset"])
         if sd["sampler"] is not None:
             self._index_sampler.load_state_dict(sd["sampler"])
+        stream = _elastic_stream(self.dataset)
+        if stream is not None and sd.get("elastic") is not None:
+            stream.set_epoch(sd["elastic"]["epoch"])
         self._base_seed = sd["seed"]
         self._resume = sd
         self._current = None
@@ -549,15 +555,14 @@ class DataLoader(Generic[T_co]):
     def _check_fits(self, sd: dict[str, Any]) -> None:
         """Raise ``ValueError`` unless state ``sd`` (checked on its own) fits this loader."""
         fix = "resume with a loader built as the one that saved the state"
-        elastic = _elastic_sampler(self.batch_sampler)
-        saved_world = _saved_world(sd["sampler"]) if elastic is not None else None
+        elastic = self._check_elastic_fits(sd)
         for key, mine in (
             ("length", self._dataset_length()),
             ("batch_size", self.batch_size),
             ("drop_last", self.drop_last),
         ):
-            if key == "batch_size" and saved_world is not None:
-                continue  # per rank: the sampler checks the global batch size
+            if key == "batch_size" and elastic:
+                continue  # per rank: the global batch size is checked instead
             if key in sd and sd[key] != mine:
                 what = "dataset length" if key == "length" else key
                 raise ValueError(
@@ -574,18 +579,6 @@ class DataLoader(Generic[T_co]):
                     "resume with the sampler the state was saved with."
                 )
             check_sampler_state(index_sampler, sampler)
-        if (
-            saved_world is not None
-            and saved_world != elastic.num_replicas
-            and sd["delivered_beyond"]
-        ):
-            raise ValueError(
-                f"DataLoader state was saved on {saved_world} ranks with batches delivered out "
-                f"of order ({sd['delivered_beyond']} beyond the first {sd['delivered']}; "
-                "in_order=False), which describe the saving rank's part of those global "
-                f"batches only: it cannot resume on {elastic.num_replicas} ranks; resume on "
-                f"{saved_world} ranks, or save with in_order=True."
-            )
         if sd["dataset"] is not None and not callable(
             getattr(self.dataset, "load_state_dict", None)
         ):
@@ -596,7 +589,7 @@ class DataLoader(Generic[T_co]):
         stream = sd.get("stream")
         if stream is not None:
             self._check_stream_fits(stream, fix)
-        if elastic is None:
+        if not elastic:
             self._check_world_fits(sd)
         if not self._iterable and sd["delivered"] > len(self):
             raise ValueError(
@@ -604,6 +597,46 @@ class DataLoader(Generic[T_co]):
                 f"epoch of this loader has {len(self)}: was it saved with another dataset "
                 "or batch size?"
             )
+
+    def _check_elastic_fits(self, sd: dict[str, Any]) -> bool:
+        """Whether state ``sd`` is an elastic one for this loader's elastic sampler or
+        ``ShardedIterable`` (then the global batch size is checked, not the rank's).
+
+        Raises:
+            ValueError: an elastic stream's state that cannot resume here (as an elastic
+                sampler's state, which its own check refuses), or one delivered out of
+                order on another world size.
+        """
+        sampler, stream = _elastic_sampler(self.batch_sampler), _elastic_stream(self.dataset)
+        part, mid = sd.get("elastic"), bool(sd["delivered"] or sd["delivered_beyond"])
+        if sampler is not None:
+            saved_world, world = _saved_world(sd["sampler"]), sampler.num_replicas
+        elif stream is not None and part is not None:
+            if not isinstance(part.get("epoch"), int) or isinstance(part["epoch"], bool):
+                raise TypeError(f"DataLoader state['elastic']['epoch'] must be an int: {part!r}.")
+            shared = {k: v for k, v in part.items() if k not in ("seed", "epoch")}
+            check_elastic(
+                "ShardedIterable", shared, stream.elastic_part(), part.get("seed"), stream.seed
+            )
+            saved_world, world = part["num_replicas"], stream.num_replicas
+        elif mid and (part is not None or stream is not None):
+            was, now = ("True", "False") if part is not None else ("False", "True")
+            raise ValueError(
+                f"DataLoader state was saved within an epoch over a ShardedIterable with "
+                f"elastic={was}, but this loader's has elastic={now}: the two deal items to "
+                f"ranks differently; build it with elastic={was}."
+            )
+        else:
+            return False
+        if saved_world is not None and saved_world != world and sd["delivered_beyond"]:
+            raise ValueError(
+                f"DataLoader state was saved on {saved_world} ranks with batches delivered out "
+                f"of order ({sd['delivered_beyond']} beyond the first {sd['delivered']}; "
+                "in_order=False), which describe the saving rank's part of those global "
+                f"batches only: it cannot resume on {world} ranks; resume on {saved_world} "
+                "ranks, or save with in_order=True."
+            )
+        return saved_world is not None
 
     def _check_world_fits(self, sd: dict[str, Any]) -> None:
         """Raise ``ValueError`` if state ``sd``, saved within an epoch, was saved on another
@@ -840,6 +873,40 @@ def _elastic_sampler(batch_sampler: Any) -> Any:
     """The elastic ``DistributedSampler`` that ``batch_sampler`` (stoker's) batches, or None."""
     inner = getattr(batch_sampler, "sampler", None)
     return inner if getattr(inner, "elastic", False) is True else None
+
+
+def _elastic_stream(dataset: Any) -> ShardedIterable[Any] | None:
+    """``dataset`` if it is an elastic ``ShardedIterable``, else None."""
+    return dataset if isinstance(dataset, ShardedIterable) and dataset.elastic else None
+
+
+def _stream_state(dataset: Any) -> dict[str, Any] | None:
+    """An elastic ``ShardedIterable``'s part of the loader's state (its seed and epoch, and
+    what a resume must share), or None."""
+    stream = _elastic_stream(dataset)
+    if stream is None:
+        return None
+    return {**stream.elastic_part(), "seed": stream.seed, "epoch": stream.epoch}
+
+
+def _bind_stream(dataset: Any, batch_size: int | None, workers: Any, mode: str) -> None:
+    """Tell an elastic ``ShardedIterable`` dataset the batch size it deals items by.
+
+    Raises:
+        ValueError: no ``batch_size``, or thread workers (which share the RNGs its items
+            are seeded in).
+    """
+    stream = _elastic_stream(dataset)
+    if stream is None:
+        return
+    if batch_size is None or (workers != 0 and mode != "process"):
+        raise ValueError(
+            "an elastic ShardedIterable deals items by the loader's batch size and seeds the "
+            "global RNGs for each, which thread workers share; got "
+            f"batch_size={batch_size!r}, worker_mode={mode!r}: pass a batch_size, and "
+            "worker_mode='process' (or num_workers=0)."
+        )
+    stream.bind_batch_size(batch_size)
 
 
 def _bind_elastic(sampler: Any, batch_sampler: Any) -> None:

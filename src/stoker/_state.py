@@ -39,11 +39,12 @@ _KEYS = (
     "sampler",
     "dataset",
 )
-_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last", "stream", "world")
+_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last", "stream", "world", "elastic")
 """Keys absent from older states: whether it was saved within an epoch (whose iterator
 had made its draws), what describes the loader that saved it, a stateful stream's
-workers' states, and the world size its ``DistributedSampler`` or ``ShardedIterable``
-shared the data among (None: neither)."""
+workers' states, the world size its ``DistributedSampler`` or ``ShardedIterable`` shared
+the data among (None: neither), and an elastic ``ShardedIterable``'s seed, epoch, global
+batch size and world size (None: none)."""
 
 
 _TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_iterator_finished")
@@ -210,11 +211,12 @@ def check_state(sd: object) -> dict[str, Any]:
     for key in ("in_epoch", "drop_last"):
         if not isinstance(sd.get(key, False), bool):
             raise TypeError(f"DataLoader state field {key!r} must be a bool, got {sd[key]!r}.")
-    if sd["sampler"] is not None and not isinstance(sd["sampler"], Mapping):
-        raise TypeError(
-            f"DataLoader state field 'sampler' must be a dict or None, got "
-            f"{type(sd['sampler']).__name__}."
-        )
+    for key in ("sampler", "elastic"):
+        if sd.get(key) is not None and not isinstance(sd[key], Mapping):
+            raise TypeError(
+                f"DataLoader state field {key!r} must be a dict or None, got "
+                f"{type(sd[key]).__name__}."
+            )
     _check_stream(sd.get("stream"))
     return dict(sd)
 
