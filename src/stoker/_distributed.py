@@ -347,8 +347,8 @@ class ShardedIterable(IterableDataset[T_co]):
             found = (1, 0)
         if not isinstance(elastic, bool):
             raise TypeError(f"elastic must be a bool, got {elastic!r}; pass True or False.")
-        if not _is_int(seed) or seed < 0:
-            raise TypeError(f"seed must be an integer >= 0, got {seed!r}.")
+        if not _is_int(seed):
+            raise TypeError(f"seed must be an integer, got {seed!r}.")
         self.dataset = dataset
         self.num_replicas, self.rank = check_world("ShardedIterable", *found)
         self.elastic, self.seed, self.epoch = elastic, int(seed), 0
@@ -382,7 +382,7 @@ class ShardedIterable(IterableDataset[T_co]):
         if self.elastic:
             b = self.batch_size or 1
             place = Layout(total=0, replicas=self.num_replicas, rank=self.rank, batch=b)
-            seeds = SampleSeeds(seed=self.seed, epoch=self.epoch % _U64, start=0)
+            seeds = SampleSeeds(seed=self.seed % _U64, epoch=self.epoch % _U64, start=0)
             return deal(iter(self.dataset), place, worker_id, num_workers, seeds)
         start = worker_id * self.num_replicas + self.rank
         return itertools.islice(iter(self.dataset), start, None, self.num_replicas * num_workers)
