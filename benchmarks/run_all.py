@@ -58,6 +58,7 @@ PROGRAMS = (
     Program("w6_memory", ("--workers", "2")),
     Program("import_time"),
     Program("resume_cost"),
+    Program("elastic_resume"),
     Program("autotune"),
 )
 

@@ -157,7 +157,10 @@ class _Ranks:
         for rank, conn in enumerate(self.conns[:world]):
             if not conn.poll(_RANK_TIMEOUT_S):
                 pytest.fail(f"rank {rank} of {world} answered nothing within {_RANK_TIMEOUT_S} s")
-            status, payload = conn.recv()
+            try:
+                status, payload = conn.recv()
+            except EOFError:
+                pytest.fail(f"rank {rank} of {world} died before answering")
             assert status == "ok", f"rank {rank} of {world} failed:\n{payload}"
             results.append(payload)
         return results
