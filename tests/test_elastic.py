@@ -374,3 +374,41 @@ def test_an_elastic_stream_checks_its_state_and_workers() -> None:
         stoker.DataLoader(share(), batch_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="thread workers share"):
         stoker.DataLoader(share(elastic=True), batch_size=2, num_workers=1, worker_mode="thread")
+
+
+class Poisoned(Augmenting):
+    """:class:`Augmenting` whose sample 5 fails to load."""
+
+    def __getitem__(self, i: int) -> np.ndarray[Any, Any]:
+        if i == 5:
+            raise OSError("sample 5 is unreadable")
+        return super().__getitem__(i)
+
+
+def test_a_failing_elastic_sample_is_named_or_skipped_keeping_the_others_draws() -> None:
+    """In an elastic batch, a sample that raises is named by the batch's indices (from a
+    worker process), and with ``skip_errors`` left out while every other sample keeps the
+    draws of its place."""
+    pytest.importorskip("torch")
+
+    def batches(dataset: Any, **kw: Any) -> list[list[Any]]:
+        sampler = DistributedSampler(dataset, 1, 0, seed=_SEED, elastic=True)
+        return [b.tolist() for b in stoker.DataLoader(dataset, 4, sampler=sampler, **kw)]
+
+    clean = [s for batch in batches(Augmenting()) for s in batch]
+    skipped = [s for batch in batches(Poisoned(), skip_errors=1) for s in batch]
+    assert len(skipped) == _N - 1 and skipped == [s for s in clean if s[0] != 5]
+    batch = next(b for b in batches(Augmenting()) if 5 in [s[0] for s in b])
+    assert f"sample indices {[s[0] for s in batch]}" in _error_of(
+        lambda: batches(Poisoned(), num_workers=1, multiprocessing_context="fork")
+    )
+
+
+def _error_of(run: Any) -> str:
+    """The text and notes of the ``OSError`` that ``run()`` raises (the exception dropped
+    here: its traceback holds the loader's iterator, and so its worker)."""
+    try:
+        run()
+    except OSError as exc:
+        return "\n".join([str(exc), *getattr(exc, "__notes__", [])])
+    raise AssertionError("no OSError raised")
