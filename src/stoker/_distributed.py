@@ -7,8 +7,8 @@ and threads started later by a loader need not (and often cannot) join the group
 
 ``DistributedSampler`` is resumable: its ``state_dict()`` is ``{"kind", "seed", "epoch"}``,
 the same on every rank, so one rank's checkpoint restores them all (an elastic one's, on
-any world size that divides its global batch size: see :mod:`stoker._elastic`). With ``even=False``
-(evaluation) it neither pads nor drops: every index goes to exactly one rank.
+any world size that divides its global batch size: see :mod:`stoker._elastic`). With
+``even=False`` (evaluation) it neither pads nor drops: every index goes to exactly one rank.
 
 >>> [list(DistributedSampler(range(5), 2, r, shuffle=False, even=False)) for r in (0, 1)]
 [[0, 2, 4], [1, 3]]

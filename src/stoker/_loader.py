@@ -869,10 +869,10 @@ def _saved_world(state: Any) -> int | None:
     return world if isinstance(world, int) else None
 
 
-def _elastic_sampler(batch_sampler: Any) -> Any:
-    """The elastic ``DistributedSampler`` that ``batch_sampler`` (stoker's) batches, or None."""
+def _elastic_sampler(batch_sampler: Any) -> DistributedSampler | None:
+    """The elastic ``DistributedSampler`` that ``batch_sampler`` batches, or None."""
     inner = getattr(batch_sampler, "sampler", None)
-    return inner if getattr(inner, "elastic", False) is True else None
+    return inner if isinstance(inner, DistributedSampler) and inner.elastic else None
 
 
 def _elastic_stream(dataset: Any) -> ShardedIterable[Any] | None:
@@ -919,7 +919,7 @@ def _bind_elastic(sampler: Any, batch_sampler: Any) -> None:
     inner = _elastic_sampler(batch_sampler)
     if inner is not None and type(batch_sampler).__iter__ is BatchSampler.__iter__:
         inner.bind_batch_size(batch_sampler.batch_size)
-    elif getattr(sampler, "elastic", False) is True or inner is not None:
+    elif inner is not None or (isinstance(sampler, DistributedSampler) and sampler.elastic):
         raise ValueError(
             "an elastic DistributedSampler places each sample of a global batch by the "
             "loader's batch size, but this loader does not batch its indices with stoker's "
