@@ -1,13 +1,15 @@
 """Elastic placement: where an elastic ``DistributedSampler`` puts each sample of the epoch's
-global order, so that global batch ``k`` is the same at any world size, and the checks a
-state saved on one world size must pass to resume on another.
+global order (and an elastic ``ShardedIterable`` each item of a stream), so that global
+batch ``k`` is the same at any world size, and the checks a state saved on one world size
+must pass to resume on another.
 
 The epoch's order (one permutation, the same on every rank, padded or cut to ``total`` as
 torch's sampler pads or cuts) is cut into global batches of ``G = batch * replicas``
 places; rank ``r`` holds the ``r``-th block of ``batch`` places of each. The last, partial
 global batch is shared out in blocks as even as can be (equal when the order is padded).
 A world size that divides ``G`` with ``batch = G / replicas`` gives the same global
-batches; only the padding of the last one depends on the world size.
+batches; only the padding of the last one depends on the world size. An elastic
+``ShardedIterable`` deals a stream by the same blocks (:func:`deal`), unpadded.
 """
 
 from __future__ import annotations
