@@ -7,9 +7,8 @@ The epoch's order (one permutation, the same on every rank, padded or cut to ``t
 torch's sampler pads or cuts) is cut into global batches of ``G = batch * replicas``
 places; rank ``r`` holds the ``r``-th block of ``batch`` places of each. The last, partial
 global batch is shared out in blocks as even as can be (equal when the order is padded).
-A world size that divides ``G`` with ``batch = G / replicas`` gives the same global
-batches; only the padding of the last one depends on the world size. An elastic
-``ShardedIterable`` deals a stream by the same blocks (:func:`deal`), unpadded.
+Any world size dividing ``G`` gives the same global batches; only the last one's padding
+depends on it. A stream is dealt by the same blocks (:func:`deal`), unpadded.
 """
 
 from __future__ import annotations
