@@ -68,6 +68,7 @@ class EngineConfig:
     warn_workers: bool
     tuner: Autotuner | None
     probe: bool = False
+    restarts: int = 0  # worker_restarts: dead worker processes replaced per epoch
 
 
 class Epochs(Protocol):
