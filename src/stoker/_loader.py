@@ -491,6 +491,7 @@ class DataLoader(Generic[T_co]):
         stream = None
         if cur is not None and not cur.finished and cur.stream is not None:
             stream = cur.stream.checkpoint(cur.prefix, cur.beyond)
+        poisoned = self._memory.poisoned  # samples that killed workers (worker_restarts)
         return {
             "version": STATE_VERSION,
             "seed": self._seed(),
@@ -505,6 +506,7 @@ class DataLoader(Generic[T_co]):
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "stream": stream,
+            **({"poisoned": sorted(poisoned)} if poisoned else {}),
         }
 
     def _dataset_length(self) -> int | None:
@@ -535,6 +537,8 @@ class DataLoader(Generic[T_co]):
         if sd["sampler"] is not None:
             self._index_sampler.load_state_dict(sd["sampler"])
         self._base_seed = sd["seed"]
+        self._memory.poisoned.clear()
+        self._memory.poisoned.update(sd.get("poisoned", ()))
         self._resume = sd
         self._current = None
 

@@ -39,10 +39,11 @@ _KEYS = (
     "sampler",
     "dataset",
 )
-_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last", "stream")
+_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last", "stream", "poisoned")
 """Keys absent from older states: whether it was saved within an epoch (whose iterator
-had made its draws), what describes the loader that saved it, and a stateful stream's
-workers' states."""
+had made its draws), what describes the loader that saved it, a stateful stream's
+workers' states, and the samples that killed every worker that loaded them (present only
+where some did: ``worker_restarts`` with ``skip_errors``)."""
 
 
 _TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_iterator_finished")
@@ -215,6 +216,7 @@ def check_state(sd: object) -> dict[str, Any]:
             f"{type(sd['sampler']).__name__}."
         )
     _check_stream(sd.get("stream"))
+    _check_poisoned(sd.get("poisoned", []))
     return dict(sd)
 
 
@@ -226,6 +228,17 @@ def _refuse_torchdata(sd: Mapping[str, Any]) -> None:
             f"{sorted(k for k in sd if k in _TORCHDATA_KEYS)}), not stoker's: stoker cannot "
             "resume from it. Resume with the loader that saved it, or save the state with "
             "stoker's DataLoader (stoker.torch.StatefulDataLoader is one)."
+        )
+
+
+def _check_poisoned(poisoned: object) -> None:
+    """Validate a state's ``"poisoned"`` part: sample indices (see ``_CHECKED_KEYS``)."""
+    if not isinstance(poisoned, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in poisoned
+    ):
+        raise ValueError(
+            "DataLoader state field 'poisoned' must be a list of sample indices (ints >= 0), "
+            f"got {poisoned!r}: pass the dict DataLoader.state_dict() returned."
         )
 
 

@@ -317,8 +317,8 @@ def make_pool(
     if config.worker_mode == "thread":
         return ThreadPool(config, memory, seeds), None
     pool = ProcessPool(config, memory, seeds)
-    if config.restarts:  # restart hook
-        pool._healer = Healer(config.restarts, config.skip_errors, pool._post)
+    if config.restarts or (config.skip_errors and memory.poisoned):  # restart hook
+        pool._healer = Healer(config.restarts, config.skip_errors, pool._post, memory.poisoned)
     pins = slot_pins(config.pin_device)
     for w in pool.workers:
         w.maps.pins = pins

@@ -85,6 +85,13 @@ def _samples(indices: Any) -> list[Any]:
     return [indices]
 
 
+def _without(task: Task, samples: list[Any]) -> Task | None:
+    """``task`` without ``samples`` (each time one occurs), or None when nothing is left."""
+    drop = set(samples)
+    keep = [p for p, i in enumerate(_samples(task.task)) if i not in drop]
+    return task._replace(task=_subset(task.task, keep)) if keep else None
+
+
 def _singles(task: Task) -> list[Task]:
     """A task as single-batch tasks: a group's batches one by one, each seeded as sent
     alone (so one of them can be blamed); any other task as it is."""
@@ -137,13 +144,6 @@ class Isolation:
         """The sample indices found."""
         return _samples(_subset(self.task.task, self._suspects))
 
-    def rest(self) -> Task | None:
-        """The task without the culprits, or None when nothing is left of it."""
-        keep = [p for p in range(self._size) if p not in set(self._suspects)]
-        if not keep:
-            return None
-        return self.task._replace(task=_subset(self.task.task, keep))
-
 
 class Healer:
     """A process pool's record of the tasks its workers hold, and what to do when one dies
@@ -153,12 +153,19 @@ class Healer:
         budget: deaths per epoch that may be healed (``worker_restarts``).
         skip_errors: a poisoned sample is skipped (else its batch fails at its turn).
         post: sends tasks to a worker now (past this record).
+        poisoned: the samples known to kill (the loader's, kept in its checkpoint): with
+            ``skip_errors`` left out of every task before it is sent; found ones are added.
     """
 
     def __init__(
-        self, budget: int, skip_errors: bool, post: Callable[[int, list[Task]], None]
+        self,
+        budget: int,
+        skip_errors: bool,
+        post: Callable[[int, list[Task]], None],
+        poisoned: set[Any],
     ) -> None:
         self.budget, self._skip, self._post = budget, skip_errors, post
+        self._poisoned = poisoned
         self.restarts = 0  # counted this epoch
         self._generation: int | None = None
         self._held: dict[int, dict[int, Task]] = {}  # worker -> {task index: task}, as sent
@@ -179,10 +186,35 @@ class Healer:
             self._blamed.clear()
             self._cleared.clear()
             self._amend.clear()
+        if self._skip and self._poisoned:
+            tasks = self._spare(wid, tasks)
         held = self._held.setdefault(wid, {})
         for task in tasks:
             held[task.idx] = task
         return [] if wid in self._isolating else tasks
+
+    def _spare(self, wid: int, tasks: list[Task]) -> list[Task]:
+        """``tasks`` without the samples known to kill (a group then goes batch by batch)."""
+        out = []
+        for one in (single for task in tasks for single in _singles(task)):
+            hit = sorted({i for i in _samples(one.task) if i in self._poisoned})
+            if not hit:
+                out.append(one)
+            elif (rest := self._leave_out(wid, one, hit, "killed a worker before")) is not None:
+                out.append(rest)
+        return out
+
+    def _leave_out(self, wid: int, task: Task, samples: list[Any], why: str) -> Task | None:
+        """``task`` without ``samples``, its answer to record them as skipped (``why``);
+        None when nothing is left, the dropped batch's answer made here."""
+        named = ", ".join(map(str, samples[:INDICES_SHOWN]))
+        rest, reason = _without(task, samples), f"WorkerError: sample {named} {why}"
+        if rest is not None:
+            self._amend[task.idx] = (samples, reason)
+            return rest
+        skipped = (samples, reason, True)
+        self._ready.append((wid, Loaded(task.generation, task.idx, None, 0.0, skipped, None)))
+        return None
 
     def answered(self, wid: int, msg: Any) -> Any:
         """Worker ``wid``'s message as the iterator gets it: an answer no longer held (a
@@ -270,17 +302,17 @@ class Healer:
                 _shown(culprits),
             )
             return
-        why = f"sample {culprits[0]} killed every worker that loaded it ({cause})"
-        rest = search.rest() if self._skip else None
-        if self._skip and rest is not None:
-            held[task.idx] = rest
-            self._amend[task.idx] = (culprits, f"WorkerError: {why}")
+        why = f"killed every worker that loaded it ({cause})"
+        if self._skip:
+            self._poisoned.update(culprits)
+            rest = self._leave_out(wid, task, culprits, why)
+            if rest is None:
+                del held[task.idx]
+            else:
+                held[task.idx] = rest
             return
         del held[task.idx]
-        if self._skip:
-            skipped = (culprits, f"WorkerError: {why}", True)
-            self._ready.append((wid, Loaded(task.generation, task.idx, None, 0.0, skipped, None)))
-            return
+        why = f"sample {culprits[0]} {why}"
         error = WorkerError(
             f"DataLoader {why}: {_tries(task)}. Fix the sample (or the code that loads it), "
             "or pass skip_errors=N to leave such samples out."
