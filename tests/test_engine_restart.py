@@ -39,10 +39,10 @@ _LIBSTDCXX = ctypes.util.find_library("stdc++")
 
 def _die(how: str) -> None:
     """End this worker process as ``how`` says, the way such deaths happen."""
+    faulthandler.disable()  # pytest's: no traceback of a crash or abort on the output
     if how == "sigkill":  # what the kernel's OOM killer sends
         os.kill(os.getpid(), signal.SIGKILL)
     elif how == "segfault":  # a crash in a C extension
-        faulthandler.disable()  # pytest's: no traceback of the crash on the test's output
         ctypes.string_at(0)
     elif how == "exit":
         os._exit(3)
