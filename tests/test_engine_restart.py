@@ -20,6 +20,7 @@ import random
 import re
 import resource
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from stoker._engine._restart import death_cause
 from stoker.errors import WorkerError
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker")
 
 _N, _BATCH = 32, 4
 _LIBSTDCXX = ctypes.util.find_library("stdc++")
@@ -210,6 +212,20 @@ def test_a_resume_leaves_the_poisoned_sample_out_without_a_death(tmp_path: Path)
     assert [b.tobytes() for b in resumed] == again
 
 
+def test_persistent_workers_get_the_restarts_anew_each_epoch(tmp_path: Path) -> None:
+    """The budget is per epoch: persistent workers that lose one worker in each of two
+    epochs, with worker_restarts=1, give both epochs as in process."""
+    dying = Augments(tmp_path, deaths={5: "sigkill"})
+    loader = _loader(dying, persistent_workers=True, worker_restarts=1)
+    ref = _loader(Augments(tmp_path), workers=0)
+    for _ in range(2):
+        got = [b.tobytes() for b in loader]
+        assert len(loader.statistics().worker_restarts) == 1
+        assert got == [b.tobytes() for b in ref]
+        os.remove(tmp_path / "died-5")  # sample 5 kills its worker once more
+    del loader
+
+
 def test_restarts_run_out_with_todays_error(tmp_path: Path) -> None:
     """More deaths than worker_restarts: torch's phrase, then how many restarts were made."""
     loader = _loader(Augments(tmp_path, deaths={5: "sigkill", 22: "sigkill"}), worker_restarts=1)
@@ -236,6 +252,44 @@ def test_a_killed_worker_of_grouped_tiny_batches_is_replaced() -> None:
     got += list(it)
     assert np.concatenate([x for (x,) in got]).tolist() == data.tolist()
     assert len(loader.statistics().worker_restarts) == 1
+
+
+class SlowTail:
+    """40 samples of 4 ms each (batches of 8 are slow enough to split at an epoch's tail),
+    which promise not to depend on their worker, so stoker splits them; from the epoch in
+    which the folder holds "armed", the last sample kills its worker the first time."""
+
+    _stoker_worker_agnostic = True
+
+    def __init__(self, marks: Path) -> None:
+        self.marks = str(marks)
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        time.sleep(0.004)  # the sample's load time, not a wait for anything
+        if i == 39 and os.path.exists(os.path.join(self.marks, "armed")):
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(os.path.join(self.marks, "died"), os.O_CREAT | os.O_EXCL))
+                os.kill(os.getpid(), signal.SIGKILL)
+        return {"x": np.full(3, i, np.float32), "pid": os.getpid()}
+
+
+def test_a_worker_dying_on_a_part_of_a_split_tail_batch(tmp_path: Path) -> None:
+    """A worker killed while it loads a part of a batch split at the epoch's tail: the part
+    is issued again to the new worker and the batch joined, equal to the unsplit one."""
+    loader = stoker.DataLoader(
+        SlowTail(tmp_path), batch_size=8, num_workers=4, persistent_workers=True, worker_restarts=1
+    )
+    list(loader)  # the first epoch learns that batches are slow and leave the RNGs alone
+    Path(tmp_path, "armed").touch()
+    got = list(loader)
+    assert Path(tmp_path, "died").exists() and len(loader.statistics().worker_restarts) == 1
+    assert max(len(set(b["pid"].tolist())) for b in got) >= 2  # a batch came in parts
+    want = np.arange(40, dtype=np.float32).repeat(3).reshape(5, 8, 3)
+    assert np.array_equal(np.stack([b["x"] for b in got]), want)
+    del loader
 
 
 def test_worker_restarts_is_refused_where_nothing_can_be_restarted() -> None:
