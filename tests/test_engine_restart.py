@@ -29,7 +29,9 @@ import pytest
 
 import stoker
 import stoker.torch
-from stoker._engine._restart import death_cause
+from stoker._engine._messages import Loaded, Probe, Task
+from stoker._engine._restart import PROBE, Healer, death_cause
+from stoker._random import mix_seed
 from stoker.errors import WorkerError
 
 torch = pytest.importorskip("torch")
@@ -312,3 +314,80 @@ def test_the_cause_names_the_oom_killer_where_the_kernel_counted_a_kill() -> Non
     assert death_cause(-9, 1, 1) == "killed by SIGKILL"
     assert death_cause(-6, 1, 2) == "killed by SIGABRT"
     assert death_cause(0, None, None) == "exit code 0"
+
+
+# -- the healer's bookkeeping alone (no process) ----------------------------------------
+
+
+class _Posts:
+    """The healer's ``post``: what it sent to which worker, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, list[Task]]] = []
+
+    def __call__(self, wid: int, tasks: list[Task]) -> None:
+        self.sent.append((wid, tasks))
+
+
+def _healer(skip: bool = False, budget: int = 1) -> tuple[Healer, _Posts]:
+    posts = _Posts()
+    return Healer(budget, skip, posts, set()), posts
+
+
+def _loaded(task: Task, generation: int | None = None) -> Loaded:
+    gen = task.generation if generation is None else generation
+    return Loaded(gen, task.idx, object(), 0.0, None, None)
+
+
+def test_the_healer_issues_the_unanswered_tasks_again_in_order() -> None:
+    """Answered tasks are not issued again; a group goes batch by batch, each under the
+    seed the group gave it; a death past the budget is refused (the pool raises)."""
+    healer, posts = _healer()
+    a, b = Task(1, 0, [0, 1], 11), Task(1, 1, [2, 3], 12)
+    group = Task(1, 2, [np.array([4]), np.array([5])], (9, 0, [2, 3]))
+    assert healer.sent(0, [a, b, group]) == [a, b, group]
+    assert healer.answered(0, _loaded(a)) is not None
+    assert healer.died(0, -9, "worker 0 (pid 1)") == "worker 0 (pid 1): killed by SIGKILL"
+    healer.restarted(0)
+    (wid, again), *_ = posts.sent
+    singles = [
+        Task(1, 2, group.task[0], mix_seed(9, 0, 2)),
+        Task(1, 3, group.task[1], mix_seed(9, 0, 3)),
+    ]
+    assert (
+        wid == 0
+        and again[0] == b
+        and [(t.idx, t.seed) for t in again[1:]] == [(t.idx, t.seed) for t in singles]
+    )
+    healer.answered(0, _loaded(b))
+    assert healer.died(0, -9, "worker 0 (pid 2)") is None  # not b again: a restart, the 2nd
+    assert "restarted 1 dead worker(s)" in healer.spent()
+
+
+def test_the_healer_isolates_a_sample_by_halves() -> None:
+    """A task blamed twice: halves of it go alone to fresh workers; the half that kills is
+    halved again until one sample is left, which its batch's error names."""
+    healer, posts = _healer()
+    task = Task(1, 0, np.array([10, 11, 12, 13]), 5)
+    healer.sent(0, [task])
+    healer.died(0, -11, "worker 0")  # restart 1, the task blamed
+    healer.restarted(0)
+    healer.died(0, -11, "worker 0")  # blamed again: isolate
+    healer.restarted(0)
+    probes = lambda: posts.sent[-1][1][0].task.tolist()  # noqa: E731
+    assert probes() == [10, 11]
+    autotune = Probe(PROBE, 1, 0.0, 0.0, 0.0, 0.0, 1, 2, 0)
+    assert healer.answered(0, autotune) is None and probes() == [10, 11]  # not an answer
+    assert healer.answered(0, _loaded(posts.sent[-1][1][0])) is None  # [10, 11] loads
+    assert probes() == [12, 13]
+    healer.died(0, -11, "worker 0")
+    healer.restarted(0)
+    assert probes() == [12]
+    assert healer.answered(0, _loaded(posts.sent[-1][1][0])) is None  # [12] loads
+    assert probes() == [13]
+    healer.died(0, -11, "worker 0")
+    healer.restarted(0)
+    wid, failed = healer.take_ready()  # type: ignore[misc]
+    assert (wid, failed.idx) == (0, 0)
+    assert "sample 13 killed every worker" in str(failed.error.rebuild())
+    assert posts.sent[-1] == (0, [])  # nothing else was held

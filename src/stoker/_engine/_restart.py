@@ -219,9 +219,9 @@ class Healer:
     def answered(self, wid: int, msg: Any) -> Any:
         """Worker ``wid``'s message as the iterator gets it: an answer no longer held (a
         skipped sample's record added), or None for a probe's answer (the search goes on)."""
-        if getattr(msg, "generation", None) == PROBE:
+        if getattr(msg, "generation", None) == PROBE:  # an autotune Probe of it is dropped
             search = self._isolating.get(wid)
-            if search is not None:
+            if search is not None and type(msg) in (Loaded, Failed):
                 search.survived()
                 self._step(wid)
             return None
