@@ -552,7 +552,9 @@ class ProcessPool:
         kind = type(msg)
         if kind is Shipped:
             loaded = self.workers[wid].decode(msg)  # type: ignore[arg-type]
-            return loaded if self._healer is None else self._healer.answered(wid, loaded)
+            if self._healer is not None:  # restart hook: an answer held no longer
+                return self._healer.answered(wid, loaded)  # type: ignore[no-any-return]
+            return loaded
         if kind not in LIFE:
             if self._healer is not None:  # restart hook: an answer held no longer
                 return self._healer.answered(wid, msg)  # type: ignore[no-any-return]
@@ -607,7 +609,11 @@ class ProcessPool:
                 memory = self._memory_ref()
                 if memory is not None and memory.stats is not None:  # statistics()
                     memory.stats.restarts.append(cause)
-                self._replace(w)
+                try:
+                    self._replace(w)
+                except BaseException:  # no process to be had (fork failed): nothing lives on
+                    self.shutdown(grace_s=0.0)
+                    raise
                 healer.restarted(w.wid)
                 return Restarted(cause)
         self.shutdown(grace_s=0.0)
