@@ -186,6 +186,7 @@ class Healer:
             self._blamed.clear()
             self._cleared.clear()
             self._amend.clear()
+            self._isolating.clear()  # a probe in flight is answered, and dropped, still
         if self._skip and self._poisoned:
             tasks = self._spare(wid, tasks)
         held = self._held.setdefault(wid, {})
@@ -307,11 +308,11 @@ class Healer:
             self._poisoned.update(culprits)
             rest = self._leave_out(wid, task, culprits, why)
             if rest is None:
-                del held[task.idx]
+                held.pop(task.idx, None)
             else:
                 held[task.idx] = rest
             return
-        del held[task.idx]
+        held.pop(task.idx, None)
         why = f"sample {culprits[0]} {why}"
         error = WorkerError(
             f"DataLoader {why}: {_tries(task)}. Fix the sample (or the code that loads it), "
