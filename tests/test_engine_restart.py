@@ -139,6 +139,13 @@ def test_a_dead_fork_worker_is_replaced_and_the_batches_are_unchanged(
     assert inits == sorted(["0", "1", cause[7]])  # the new worker is the dead one's id
 
 
+def test_out_of_order_delivery_gets_each_batch_once(tmp_path: Path, reference: list[bytes]) -> None:
+    """in_order=False: the batches come as they are loaded, each once, the same bytes."""
+    loader = _loader(Augments(tmp_path, deaths={13: "segfault"}), in_order=False, worker_restarts=1)
+    assert sorted(b.tobytes() for b in loader) == sorted(reference)
+    assert len(loader.statistics().worker_restarts) == 1
+
+
 def test_spawn_workers_dying_every_way_in_one_epoch(tmp_path: Path, reference: list[bytes]) -> None:
     """Spawned workers: four deaths of four causes in one epoch, four restarts, the
     batches of the unfaulted run (the torch front door: tensors, the same values)."""
