@@ -62,6 +62,7 @@ def test_dataloader_signature_matches_torch() -> None:
         "worker_mode",
         "skip_errors",
         "snapshot_every_n_steps",
+        "worker_restarts",
     ]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
 

@@ -71,19 +71,19 @@ class DataLoader(Generic[T_co]):
     """Iterates over a dataset in batches, in the main process or in workers.
 
     The arguments up to ``in_order`` are torch.utils.data.DataLoader's, with its defaults,
-    behaviour and validation; stoker's own are keyword-only. Only what stoker adds to
-    torch's is listed; the details are in ``docs/engine.md``, "The loader's arguments".
+    behaviour and validation; stoker's own are keyword-only. Listed: what stoker adds
+    (details: ``docs/engine.md``, "The loader's arguments").
 
     Args:
-        num_workers: also ``"auto"``: the workers measuring shows help, or none when
-            they are slower.
+        num_workers: also ``"auto"``: the workers measuring shows help (maybe none).
         generator: also an int seed or a ``numpy.random.Generator``.
         prefetch_factor: also ``"auto"``: deepen the window while the consumer waits.
         tensor_type: None follows the data; ``"numpy"`` or ``"torch"`` force one.
         worker_mode: ``"process"``, ``"thread"``, or ``"auto"`` (chosen by measuring).
-        skip_errors: 0 raises, as torch does; an int ``n`` or a fraction in (0, 1) skips
-            up to that many failing samples per epoch, the same ones every run.
+        skip_errors: 0 raises, as torch does; ``n`` or a fraction in (0, 1) skips up to
+            that many failing samples per epoch, the same ones every run.
         snapshot_every_n_steps: torchdata's (see :meth:`state_dict`).
+        worker_restarts: dead worker processes replaced per epoch (0: raise).
 
     Raises:
         ValueError: for contradictory or out-of-range arguments, as torch raises.
@@ -132,6 +132,7 @@ class DataLoader(Generic[T_co]):
         worker_mode: str = "process",
         skip_errors: int | float = 0,
         snapshot_every_n_steps: int | None = 1,
+        worker_restarts: int = 0,
     ) -> None:
         _check_num_workers(num_workers)
         _check_snapshot_every(snapshot_every_n_steps)
@@ -183,6 +184,8 @@ class DataLoader(Generic[T_co]):
         self.snapshot_every_n_steps = snapshot_every_n_steps
 
         self._iterable = is_iterable_dataset(dataset)
+        _check_worker_restarts(worker_restarts, num_workers, worker_mode, self._iterable)
+        self.worker_restarts = int(worker_restarts)
         self.skip_errors: int | float = (
             float(skip_errors)
             if isinstance(skip_errors, (float, np.floating))
@@ -492,6 +495,7 @@ class DataLoader(Generic[T_co]):
         stream = None
         if cur is not None and not cur.finished and cur.stream is not None:
             stream = cur.stream.checkpoint(cur.prefix, cur.beyond)
+        poisoned = self._memory.poisoned  # samples that killed workers (worker_restarts)
         return {
             "version": STATE_VERSION,
             "seed": self._seed(),
@@ -508,6 +512,7 @@ class DataLoader(Generic[T_co]):
             "stream": stream,
             "world": self._world(),
             "elastic": _stream_state(self.dataset),
+            **({"poisoned": sorted(poisoned)} if poisoned else {}),
         }
 
     def _world(self) -> int | None:
@@ -549,6 +554,8 @@ class DataLoader(Generic[T_co]):
         if stream is not None and sd.get("elastic") is not None:
             stream.set_epoch(sd["elastic"]["epoch"])
         self._base_seed = sd["seed"]
+        self._memory.poisoned.clear()
+        self._memory.poisoned.update(sd.get("poisoned", ()))
         self._resume = sd
         self._current = None
 
@@ -757,6 +764,7 @@ class DataLoader(Generic[T_co]):
             warn_workers=self.num_workers != "auto",
             tuner=tuner,
             probe=tuner is not None and tuner.wants_probe,
+            restarts=self.worker_restarts,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -999,6 +1007,41 @@ class StatefulDataLoader(DataLoader[T_co]):
         if isinstance(state_dict, dict) and not state_dict:
             return
         super().load_state_dict(state_dict)
+
+
+def _check_worker_restarts(
+    restarts: object, num_workers: object, worker_mode: str, iterable: bool
+) -> None:
+    """Validate ``worker_restarts``: an int >= 0, and where > 0, workers that can be
+    replaced (processes of a map-style dataset; see :mod:`stoker._engine._restart`)."""
+    if not isinstance(restarts, (int, np.integer)) or isinstance(restarts, bool):
+        raise TypeError(
+            "worker_restarts must be an int >= 0 (how many dead worker processes an epoch "
+            f"may replace), got {restarts!r}."
+        )
+    if restarts < 0:
+        raise ValueError(f"worker_restarts must be >= 0 (0: a dead worker raises), got {restarts}.")
+    if not restarts:
+        return
+    why = None
+    if num_workers == 0:
+        why = "num_workers=0 loads in the main process: there is no worker to replace"
+    elif worker_mode == "thread":
+        why = (
+            "worker_mode='thread': a thread cannot be killed alone (a crash in one ends the "
+            "whole process), so there is nothing to restart"
+        )
+    elif iterable:
+        why = (
+            "an IterableDataset's worker holds its place in the stream, which a new worker "
+            "cannot take up"
+        )
+    if why is not None:
+        raise ValueError(
+            f"worker_restarts={restarts} replaces dead worker processes of a map-style "
+            f"dataset, but {why}; pass worker_restarts=0 (worker_mode='auto' may choose "
+            "threads: restarts then apply only while processes load)."
+        )
 
 
 def _check_snapshot_every(every: object) -> None:

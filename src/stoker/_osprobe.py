@@ -186,3 +186,26 @@ def thread_blocks() -> int | None:
         return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
     except (AttributeError, OSError):
         return None
+
+
+_OOM_COUNTERS = (
+    ("/sys/fs/cgroup/memory.events", "oom_kill"),  # cgroup v2: this container's
+    ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),  # cgroup v1
+    ("/proc/vmstat", "oom_kill"),  # the whole machine's (Linux 4.13+)
+)
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed so far, as the
+    cgroup (v2, else v1) or, failing both, ``/proc/vmstat`` counts them; None where none
+    says. A worker killed by SIGKILL while this count rose was most likely its victim."""
+    for path, key in _OOM_COUNTERS:
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == key and value.strip().isdigit():
+                        return int(value)
+        except OSError:
+            continue
+    return None

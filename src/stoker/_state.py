@@ -39,12 +39,15 @@ _KEYS = (
     "sampler",
     "dataset",
 )
-_CHECKED_KEYS = ("in_epoch", "length", "batch_size", "drop_last", "stream", "world", "elastic")
+_CHECKED_KEYS = (
+    "in_epoch", "length", "batch_size", "drop_last", "stream", "world", "elastic", "poisoned"
+)
 """Keys absent from older states: whether it was saved within an epoch (whose iterator
 had made its draws), what describes the loader that saved it, a stateful stream's
 workers' states, the world size its ``DistributedSampler`` or ``ShardedIterable`` shared
-the data among (None: neither), and an elastic ``ShardedIterable``'s seed, epoch, global
-batch size and world size (None: none)."""
+the data among (None: neither), an elastic ``ShardedIterable``'s seed, epoch, global
+batch size and world size (None: none), and the samples that killed every worker that
+loaded them (present only where some did: ``worker_restarts`` with ``skip_errors``)."""
 
 
 _TORCHDATA_KEYS = ("_snapshot", "_num_yielded", "_sampler_iter_yielded", "_iterator_finished")
@@ -218,6 +221,7 @@ def check_state(sd: object) -> dict[str, Any]:
                 f"{type(sd[key]).__name__}."
             )
     _check_stream(sd.get("stream"))
+    _check_poisoned(sd.get("poisoned", []))
     return dict(sd)
 
 
@@ -229,6 +233,17 @@ def _refuse_torchdata(sd: Mapping[str, Any]) -> None:
             f"{sorted(k for k in sd if k in _TORCHDATA_KEYS)}), not stoker's: stoker cannot "
             "resume from it. Resume with the loader that saved it, or save the state with "
             "stoker's DataLoader (stoker.torch.StatefulDataLoader is one)."
+        )
+
+
+def _check_poisoned(poisoned: object) -> None:
+    """Validate a state's ``"poisoned"`` part: sample indices (see ``_CHECKED_KEYS``)."""
+    if not isinstance(poisoned, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in poisoned
+    ):
+        raise ValueError(
+            "DataLoader state field 'poisoned' must be a list of sample indices (ints >= 0), "
+            f"got {poisoned!r}: pass the dict DataLoader.state_dict() returned."
         )
 
 

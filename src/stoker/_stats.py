@@ -63,6 +63,7 @@ class LoaderStatistics:
     autotune: tuple[str, ...]
     cache: CacheStatistics | None = None
     resume: str = "skip"  # how a checkpoint resumes the epoch: "skip", "state" or "replay"
+    worker_restarts: tuple[str, ...] = ()  # each dead worker replaced and why, in order
 
     @property
     def samples_per_second(self) -> float:
@@ -131,6 +132,7 @@ class StatsRecorder:
         "decisions",
         "last",
         "prefetch",
+        "restarts",
         "samples",
         "skipped",
         "start",
@@ -154,6 +156,7 @@ class StatsRecorder:
         self.workers = workers  # in use now; the iterator updates it (and prefetch)
         self.prefetch: int | None = None
         self.decisions: list[str] = []
+        self.restarts: list[str] = []  # dead workers replaced, and why
         self.start = time.perf_counter()
         self.last = self.start
         self._gauges: Any = None
@@ -199,6 +202,7 @@ class StatsRecorder:
             num_workers=self.workers,
             prefetch_factor=self.prefetch,
             autotune=tuple(self.decisions),
+            worker_restarts=tuple(self.restarts),
         )
 
 

@@ -68,6 +68,7 @@ class EngineConfig:
     warn_workers: bool
     tuner: Autotuner | None
     probe: bool = False
+    restarts: int = 0  # worker_restarts: dead worker processes replaced per epoch
 
 
 class Epochs(Protocol):
@@ -103,6 +104,8 @@ class EngineMemory:
         batch_profile: the last epoch's mean load seconds and bytes per batch.
         warm: under fork, the segments the last pool's workers used, still mapped (and so
             faulted in): the next pool's workers start with them.
+        poisoned: samples that killed every worker that loaded them, left out with
+            ``skip_errors`` (``worker_restarts``; kept in ``state_dict()``).
     """
 
     def __init__(self) -> None:
@@ -113,6 +116,7 @@ class EngineMemory:
         self.mergeable: bool | None = None
         self.batch_profile = (0.0, 0.0)
         self.warm: list[tuple[str, Any]] = []
+        self.poisoned: set[Any] = set()
         self._buffers: dict[bool, BufferPool] = {}
 
     def take_warm(self) -> list[tuple[str, Any]]:

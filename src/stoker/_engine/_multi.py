@@ -30,6 +30,7 @@ from stoker._engine._interrupts import raise_pending
 from stoker._engine._messages import Loaded, LoadedGroup, Probe, Ready, StartFailed, ToIterator
 from stoker._engine._pin import pin
 from stoker._engine._pool import WorkerPool, make_pool
+from stoker._engine._restart import Restarted
 from stoker._engine._single import SingleProcessIterator
 from stoker._engine._window import Failure, ReorderWindow
 from stoker._engine._worker import worker_seed
@@ -226,8 +227,8 @@ class MultiWorkerIterator:
         return item
 
     def _handle(self, wid: int, msg: ToIterator) -> None:
-        if isinstance(msg, Ready):
-            self._started[wid] = True
+        if isinstance(msg, (Ready, Restarted)):  # restart hook: a new worker starts up
+            self._started[wid] = isinstance(msg, Ready)
             return
         if isinstance(msg, StartFailed):  # dataset unpickling, worker_init_fn
             self._finalizer()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import dataclasses
 import multiprocessing
 import multiprocessing.util
 import os
@@ -50,6 +51,7 @@ from stoker._engine._messages import (
     Work,
 )
 from stoker._engine._pin import slot_pins
+from stoker._engine._restart import Healer, Restarted
 from stoker._engine._split import HelpBoard
 from stoker._engine._transport import Inbox, add_note, decode, pack_tasks, safe_str, send
 from stoker._engine._worker import RngGuard, WorkerArgs, process_worker, thread_worker
@@ -315,6 +317,8 @@ def make_pool(
     if config.worker_mode == "thread":
         return ThreadPool(config, memory, seeds), None
     pool = ProcessPool(config, memory, seeds)
+    if config.restarts or (config.skip_errors and memory.poisoned):  # restart hook
+        pool._healer = Healer(config.restarts, config.skip_errors, pool._post, memory.poisoned)
     pins = slot_pins(config.pin_device)
     for w in pool.workers:
         w.maps.pins = pins
@@ -342,12 +346,17 @@ def _thread_copy(dataset: Any) -> Any:
 class ProcessPool:
     """Worker processes with the shared-memory transport (see the module docstring)."""
 
+    _healer: Healer | None = None
+    """Restart hook (:mod:`stoker._engine._restart`): the record of the tasks workers hold,
+    set by :func:`make_pool` with ``worker_restarts``; None: a death raises."""
+
     def __init__(self, config: EngineConfig, memory: EngineMemory, seeds: list[int]) -> None:
         ctx = config.context or multiprocessing.get_context()
         method = ctx.get_start_method()
         self._owner = os.getpid()
         self._closed = False
         self.workers: list[_ProcWorker] = []
+        self._worker_args: list[WorkerArgs] = []  # restart hook: to start one again
         if (unwritable := _shm.unwritable_error()) is not None:
             raise unwritable  # before any worker starts, rather than one error per worker
         _shm.sweep_dead_owners()
@@ -383,6 +392,7 @@ class ProcessPool:
                 hand_off=method == "fork", probe=config.probe,
             )
             # fmt: on
+            self._worker_args.append(args)  # restart hook
             parent, child = ctx.Pipe(duplex=True)
             _PARENT_ENDS.add(parent)
             proc = ctx.Process(  # type: ignore[attr-defined]
@@ -488,6 +498,12 @@ class ProcessPool:
         A worker that died is not reported here but by :meth:`get`, after the results it
         sent before dying have been read.
         """
+        if self._healer is not None:  # restart hook: held until answered
+            tasks = self._healer.sent(wid, tasks)
+        self._post(wid, tasks)
+
+    def _post(self, wid: int, tasks: list[Task]) -> None:
+        """Send worker ``wid`` ``tasks`` now (or at its start), with the slots freed."""
         w = self.workers[wid]
         if w.unsent is not None:  # not started yet: sent right after its start
             w.unsent.append(tasks)
@@ -535,8 +551,13 @@ class ProcessPool:
         message noted (only :class:`Ready` passed on, see :class:`_Phases`)."""
         kind = type(msg)
         if kind is Shipped:
-            return self.workers[wid].decode(msg)  # type: ignore[arg-type]
+            loaded = self.workers[wid].decode(msg)  # type: ignore[arg-type]
+            if self._healer is not None:  # restart hook: an answer held no longer
+                return self._healer.answered(wid, loaded)  # type: ignore[no-any-return]
+            return loaded
         if kind not in LIFE:
+            if self._healer is not None:  # restart hook: an answer held no longer
+                return self._healer.answered(wid, msg)  # type: ignore[no-any-return]
             return msg  # type: ignore[return-value]
         if kind is Bye:  # it is leaving; its exit is seen next
             self.workers[wid].keep_left(msg)  # type: ignore[arg-type]
@@ -560,29 +581,76 @@ class ProcessPool:
             try:
                 return w.wid, w.inbox.recv()
             except (EOFError, OSError):
-                self._died(w)
+                return w.wid, self._died(w)
         assert dead is not None
         with contextlib.suppress(EOFError, OSError):  # read what it sent before it died
             if dead.inbox.readable():
                 return dead.wid, dead.inbox.recv()
-        self._died(dead)
-        return None  # pragma: no cover - _died raises
+        return dead.wid, self._died(dead)
 
     def _buffered(self) -> tuple[int, Any] | None:
+        if self._healer is not None and (made := self._healer.take_ready()) is not None:
+            return made  # restart hook: a poisoned batch's answer
         for w in self.workers:
             msg = w.inbox.take()
             if msg is not None:
                 return w.wid, msg
         return None
 
-    def _died(self, w: _ProcWorker) -> None:
+    def _died(self, w: _ProcWorker) -> Restarted:
+        """Worker ``w`` died: with restarts left, another takes its place (see
+        :mod:`stoker._engine._restart`); else the pool stops and raises ``WorkerError``."""
         w.proc.join(_EXIT_CODE_WAIT_S if w.why is None else 0.0)
         code = w.proc.exitcode if w.why is None or w.proc.exitcode is not None else w.why[1]
+        healer = self._healer
+        if healer is not None:  # restart hook
+            cause = healer.died(w.wid, code, f"worker {w.wid} (pid {w.pid})")
+            if cause is not None:
+                memory = self._memory_ref()
+                if memory is not None and memory.stats is not None:  # statistics()
+                    memory.stats.restarts.append(cause)
+                try:
+                    self._replace(w)
+                except BaseException:  # no process to be had (fork failed): nothing lives on
+                    self.shutdown(grace_s=0.0)
+                    raise
+                healer.restarted(w.wid)
+                return Restarted(cause)
         self.shutdown(grace_s=0.0)
         raise WorkerError(
             f"{_torch_phrase(w.pid, code)}Worker {w.wid} exited unexpectedly: {_signal_text(code)}"
-            f"{_ended_text(w.why[0] if w.why else None)}."
+            f"{_ended_text(w.why[0] if w.why else None)}.{healer.spent() if healer else ''}"
         )
+
+    def _replace(self, old: _ProcWorker) -> None:
+        """Start a worker in dead worker ``old``'s place (restart hook): the same arguments,
+        a new pipe and segment prefix (the reaper unlinks the old one's); ``old`` is reaped
+        in the back, its batches still alive keep their memory."""
+        self._poller.unregister(old.conn.fileno())
+        self._poller.unregister(old.proc.sentinel)
+        del self._by_conn_fd[old.conn.fileno()], self._by_sentinel[old.proc.sentinel]
+        _PARENT_ENDS.discard(old.conn)
+        old.conn.close()
+        old.maps.clear()
+        _reaper()([old])
+        prefix = _shm.segment_prefix(self._owner, secrets.token_hex(4), old.wid)
+        args = dataclasses.replace(self._worker_args[old.wid], prefix=prefix, warm=[])
+        ctx = multiprocessing.get_context(self._method)
+        parent, child = ctx.Pipe(duplex=True)
+        _PARENT_ENDS.add(parent)
+        proc = ctx.Process(  # type: ignore[attr-defined]
+            target=process_worker, args=(args, child), daemon=True, name=f"stoker-worker-{old.wid}"
+        )
+        new = self.workers[old.wid] = _ProcWorker(old.wid, proc, parent, prefix)
+        new.maps.pins, new.unsent = old.maps.pins, None
+        try:
+            _start_process(proc)
+        finally:
+            child.close()
+        new.pid = proc.pid
+        self._by_conn_fd[parent.fileno()], self._by_sentinel[proc.sentinel] = new, new
+        self._poller.register(parent.fileno(), select.POLLIN)
+        self._poller.register(proc.sentinel, select.POLLIN)
 
     def shutdown(self, grace_s: float = _STOP_GRACE_S) -> None:
         """Stop every worker (kill those that do not stop in time); unlink what they left.

@@ -93,6 +93,7 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
         worker_mode: str = "process",
         skip_errors: int | float = 0,
         snapshot_every_n_steps: int | None = 1,
+        worker_restarts: int = 0,
     ) -> None:
         # Default samplers of stoker.torch's classes: frameworks see torch's types.
         default_sampler = sampler is None and batch_sampler is None
@@ -124,6 +125,7 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
             worker_mode=worker_mode,
             skip_errors=skip_errors,
             snapshot_every_n_steps=snapshot_every_n_steps,
+            worker_restarts=worker_restarts,
         )
         self._torch_samplers(sampler is None, batch_sampler is None)
 
