@@ -68,6 +68,8 @@ class EngineConfig:
     warn_workers: bool
     tuner: Autotuner | None
     probe: bool = False
+    ray_options: dict[str, Any] | None = None  # worker_mode="ray": each actor's Ray options
+    worker_restarts: int = 0  # how many times each worker may be restarted after it died
 
 
 class Epochs(Protocol):

@@ -314,6 +314,10 @@ def make_pool(
     workers' slots are registered as pinned memory, so pinning them is the one copy."""
     if config.worker_mode == "thread":
         return ThreadPool(config, memory, seeds), None
+    if config.worker_mode == "ray":  # Ray is imported only here, for such a loader
+        from stoker._engine._ray import RayPool
+
+        return RayPool(config, memory, seeds), config.pin_device
     pool = ProcessPool(config, memory, seeds)
     pins = slot_pins(config.pin_device)
     for w in pool.workers:

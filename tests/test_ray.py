@@ -1,0 +1,364 @@
+"""worker_mode="ray": a real Ray cluster (a head and a second node) on this machine.
+
+Ray binds the machine's external address unless it has none, so the cluster and the
+driver run in a child process inside a private network namespace with only the loopback
+interface (``unshare -n``, then ``ip link set lo up``): Ray binds 127.0.0.1 and nothing can
+leave. The child is this file run as a script: it starts one cluster with
+``ray.cluster_utils.Cluster`` (a head with one CPU, a second node with two CPUs and the
+resource ``second``), runs every scenario on it with the workers placed on the second
+node, stops the cluster, and writes what each scenario found; each test below asserts one
+scenario's result. Skipped, with the reason, where ``unshare -n`` is not permitted or Ray
+is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stoker.errors import WorkerError
+
+_CHILD_TIMEOUT_S = 240.0
+"""The whole child run's bound (it takes about 40 s on two busy cores)."""
+_GONE_WAIT_S = 30.0
+"""How long killed actors' processes may take to disappear."""
+_ON_SECOND = {"resources": {"second": 1}}
+"""ray_options placing a worker on the second node (the head has no ``second``)."""
+
+
+# -- the scenarios' datasets (pickled by value into the actors) ----------------------------
+
+
+class Images:
+    """W4 in miniature: a decoded image per index, randomly cropped and flipped with
+    NumPy's global RNG (seeded per batch by the loader, so the same in every worker)."""
+
+    def __init__(self, n: int = 48, fail: int | None = None, slow: int | None = None) -> None:
+        self.n, self.fail, self.slow = n, fail, slow
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        if i == self.fail:
+            raise ValueError(f"sample {i} is corrupt")
+        if i == self.slow:
+            time.sleep(30)  # a stuck read: timeout= must fire first
+        img = np.random.default_rng(i).integers(0, 256, (40, 44, 3), dtype=np.uint8)
+        y, x = np.random.randint(0, 9), np.random.randint(0, 13)
+        crop = img[y : y + 32, x : x + 32]
+        if np.random.rand() < 0.5:
+            crop = crop[:, ::-1]
+        return np.ascontiguousarray(crop), i
+
+
+def _batches(loader: Any, limit: int | None = None) -> list[tuple[bytes, ...]]:
+    """A loader's batches as bytes (copied out of the object store)."""
+    out = []
+    for batch in loader:
+        out.append(tuple(np.asarray(part).tobytes() for part in batch))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def _loader(mode: str | None, dataset: Any = None, **kw: Any) -> Any:
+    import stoker
+
+    if mode == "ray":
+        kw = {"num_workers": 2, "worker_mode": "ray", "ray_options": _ON_SECOND, **kw}
+    elif mode == "process":
+        kw = {"num_workers": 2, **kw}
+    return stoker.DataLoader(dataset or Images(), batch_size=4, shuffle=True, generator=11, **kw)
+
+
+def _second_node() -> str:
+    import ray
+
+    return next(n["NodeID"] for n in ray.nodes() if n["Resources"].get("second"))
+
+
+def _alive_actors() -> list[Any]:
+    import ray
+
+    return list(ray._private.state.actors(actor_state_name="ALIVE").values())
+
+
+def _nothing_left(pids: list[int]) -> None:
+    """No actor of ours alive in the cluster, and none of their processes left."""
+    deadline = time.monotonic() + _GONE_WAIT_S
+    while True:
+        alive = _alive_actors()
+        procs = [p for p in pids if Path(f"/proc/{p}").exists()]
+        if not alive and not procs:
+            return
+        assert time.monotonic() < deadline, f"left: actors {alive}, processes {procs}"
+        time.sleep(0.1)
+
+
+def _pids(it: Any) -> list[int]:
+    return [w.hello.pid for w in it._pool.workers if w.hello is not None]
+
+
+def scenario_same_batches() -> None:
+    """Shuffled, cropped and flipped: Ray workers on the second node give num_workers=0's
+    batches byte for byte, in order and (as a set) with in_order=False; statistics count
+    them, and the actors are gone after the epoch."""
+    want = _batches(_loader(None))
+    loader = _loader("ray")
+    it = iter(loader)
+    assert _batches(it) == want
+    assert {w.hello.node_id for w in it._pool.workers} == {_second_node()}
+    pids = _pids(it)
+    stats = loader.statistics()
+    assert (stats.batches, stats.num_workers) == (len(want), 2)
+    assert len(stats.worker_busy_seconds) == 2 and min(stats.worker_busy_seconds) > 0
+    _nothing_left(pids)
+    unordered = _batches(_loader("ray", in_order=False, prefetch_factor=4))
+    assert sorted(unordered) == sorted(want)
+
+
+def scenario_resume() -> None:
+    """A mid-epoch state_dict resumes exactly: process workers' state into Ray workers,
+    and Ray workers' back into process workers (and into the main process)."""
+    want = _batches(_loader(None))
+    first = _loader("process")
+    it = iter(first)
+    head = _batches(it, 3)
+    state = first.state_dict()
+    del it
+    on_ray = _loader("ray")
+    on_ray.load_state_dict(state)
+    it = iter(on_ray)
+    middle = _batches(it, 4)
+    state = on_ray.state_dict()
+    del it
+    for mode in ("process", None):
+        back = _loader(mode)
+        back.load_state_dict(state)
+        assert head + middle + _batches(back) == want, mode
+
+
+def scenario_killed_actor_raises() -> None:
+    """A SIGKILLed actor mid-epoch: a WorkerError naming the actor and its node, every
+    actor of the loader gone."""
+
+    it = iter(_loader("ray", Images(n=200)))
+    _batches(it, 2)
+    pids = _pids(it)
+    os.kill(pids[0], signal.SIGKILL)
+    try:
+        _batches(it)
+    except WorkerError as exc:
+        text = str(exc)
+    else:
+        raise AssertionError("no error after the actor was killed")
+    assert "Ray actor" in text and "on node 127.0.0.1" in text and str(pids[0]) in text, text
+    _nothing_left(pids)
+
+
+def scenario_killed_actor_restarts() -> None:
+    """With worker_restarts=1, a SIGKILLed actor is replaced and its tasks sent again: the
+    epoch's batches are unchanged, a RuntimeWarning says so, nothing is left after."""
+    want = _batches(_loader(None, Images(n=120)))
+    it = iter(_loader("ray", Images(n=120), worker_restarts=1))
+    got = _batches(it, 3)
+    pids = _pids(it)
+    os.kill(pids[1], signal.SIGKILL)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got += _batches(it)
+    assert got == want
+    assert any("restarted it on a new actor" in str(w.message) for w in seen), seen
+    _nothing_left([*pids, *_pids(it)])
+
+
+def scenario_errors_and_skips() -> None:
+    """skip_errors skips the same sample as in process; a dataset's error keeps its type
+    and names the worker; a stuck sample hits timeout= with the actor named."""
+
+    want = _batches(_loader(None, Images(fail=5), skip_errors=1))
+    assert _batches(_loader("ray", Images(fail=5), skip_errors=1)) == want
+    try:
+        _batches(_loader("ray", Images(fail=5)))
+    except ValueError as exc:
+        assert "sample 5 is corrupt" in str(exc) and "worker" in "".join(exc.__notes__)
+    else:
+        raise AssertionError("the dataset's ValueError was not raised")
+    try:
+        _batches(_loader("ray", Images(slow=0), timeout=2))
+    except WorkerError as exc:
+        assert "timed out after 2 seconds" in str(exc) and "Ray actor" in str(exc), exc
+    else:
+        raise AssertionError("no timeout")
+    assert not _alive_actors()
+
+
+def scenario_torch_front_door() -> None:
+    """stoker.torch with Ray workers: torch's collate, tensors equal to in-process ones."""
+    import torch
+
+    import stoker.torch
+
+    def run(**kw: Any) -> list[Any]:
+        loader = stoker.torch.DataLoader(
+            Images(n=24),
+            batch_size=4,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(3),
+            **kw,
+        )
+        return list(loader)
+
+    want = run()
+    got = run(num_workers=2, worker_mode="ray", ray_options=_ON_SECOND)
+    assert all(type(g[0]) is torch.Tensor and type(g[1]) is torch.Tensor for g in got)
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert torch.equal(gx, wx) and torch.equal(gy, wy)
+    got[0][0].add_(1)  # a batch is the user's to change in place
+
+
+def scenario_too_few_cpus() -> None:
+    """More CPUs asked than the cluster has: a clear error at iter(), no actor made."""
+
+    loader = _loader("ray", num_workers=4, ray_options={"num_cpus": 1})
+    try:
+        iter(loader)
+    except WorkerError as exc:
+        assert "asks for 4 CPU" in str(exc) and "has 3 in all" in str(exc), exc
+    else:
+        raise AssertionError("no error for 4 CPUs on a 3-CPU cluster")
+    assert not _alive_actors()
+
+
+def _no_cluster() -> dict[str, str]:
+    """Before any cluster runs: an unreachable address, and none at all, fail at iter()."""
+    import stoker
+
+    found = {}
+    for address in ("127.0.0.1:1", ""):
+        os.environ["RAY_ADDRESS"] = address
+        start = time.monotonic()
+        try:
+            iter(stoker.DataLoader(range(4), num_workers=1, worker_mode="ray"))
+            found[address] = "no error"
+        except WorkerError as exc:
+            ok = "found no Ray cluster" in str(exc) and time.monotonic() - start < 30
+            found[address] = "ok" if ok else f"slow or unclear: {exc}"
+    del os.environ["RAY_ADDRESS"]
+    return found
+
+
+SCENARIOS: dict[str, Callable[[], None]] = {
+    name.removeprefix("scenario_"): fn
+    for name, fn in globals().items()
+    if name.startswith("scenario_")
+}
+
+
+def _child(out: str) -> None:
+    """Run in the namespace: the cluster, every scenario, the cluster stopped."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    results: dict[str, str] = {}
+    found = _no_cluster()
+    results["no_cluster"] = "ok" if set(found.values()) == {"ok"} else json.dumps(found)
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        cluster.add_node(num_cpus=2, resources={"second": 2})
+        ray.init(address=cluster.address, log_to_driver=False)
+        for name, fn in SCENARIOS.items():
+            try:
+                fn()
+                results[name] = "ok"
+            except BaseException:
+                results[name] = traceback.format_exc()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    Path(out).write_text(json.dumps(results))
+
+
+# -- in pytest ------------------------------------------------------------------------------
+
+
+def _why_not() -> str | None:
+    if importlib.util.find_spec("ray") is None:
+        return "Ray is not installed (pip install 'stoker[ray]')"
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "unshare or ip is missing: no private network namespace for the cluster"
+    probe = subprocess.run(
+        ["unshare", "-n", "ip", "link", "set", "lo", "up"], capture_output=True, timeout=30
+    )
+    if probe.returncode:
+        return f"unshare -n is not permitted here ({probe.stderr.decode().strip()})"
+    return None
+
+
+def _ours(tmp: str) -> list[str]:
+    """Processes whose command line names the cluster's temporary directory."""
+    left = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if pid.isdigit() and tmp in cmd:
+            left.append(f"{pid}: {cmd.replace(chr(0), ' ')[:120]}")
+    return left
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, str]:
+    """Each scenario's result ("ok", or its traceback) from one child run."""
+    why = _why_not()
+    if why is not None:
+        pytest.skip(why)
+    tmp = tempfile.mkdtemp(prefix="stkr", dir="/tmp")  # short: Ray's socket paths live here
+    out = os.path.join(tmp, "results.json")
+    env = {**os.environ, "RAY_TMPDIR": tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
+    script = f"ip link set lo up && exec {sys.executable} {__file__} {out}"
+    try:
+        run = subprocess.run(
+            ["unshare", "-n", "sh", "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_CHILD_TIMEOUT_S,
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        assert not _ours(tmp), _ours(tmp)
+        return dict(json.loads(Path(out).read_text()))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["no_cluster", *SCENARIOS])
+def test_ray_workers(results: dict[str, str], name: str) -> None:
+    """One scenario of the child's run (see each ``scenario_*`` function)."""
+    assert results[name] == "ok", results[name]
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
