@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import stoker
 from stoker.errors import WorkerError
 
 _CHILD_TIMEOUT_S = 240.0
@@ -231,6 +232,50 @@ def scenario_torch_front_door() -> None:
     for (gx, gy), (wx, wy) in zip(got, want, strict=True):
         assert torch.equal(gx, wx) and torch.equal(gy, wy)
     got[0][0].add_(1)  # a batch is the user's to change in place
+
+
+class Stream(stoker.IterableDataset):
+    """An iterable dataset that shards itself by ``get_worker_info()``, drawing noise."""
+
+    def __iter__(self) -> Any:
+        from stoker import get_worker_info
+
+        info = get_worker_info()
+        me, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(me, 24, step):
+            yield np.random.randint(0, 1000, 3), i
+
+
+def scenario_iterable_dataset() -> None:
+    """An iterable dataset in Ray workers: each actor its shard, the same batches (noise
+    included) as process workers give."""
+    import stoker
+
+    def run(**kw: Any) -> list[tuple[bytes, ...]]:
+        return _batches(stoker.DataLoader(Stream(), batch_size=4, generator=5, **kw))
+
+    assert run(num_workers=2, worker_mode="ray", ray_options=_ON_SECOND) == run(num_workers=2)
+
+
+def scenario_unimportable_dataset() -> None:
+    """A dataset whose module the nodes cannot import: a clear error at the first batch
+    naming what must be installed there; not restarted, nothing left."""
+    folder = Path(tempfile.mkdtemp(prefix="stkr-mod"))
+    (folder / "driver_only.py").write_text("class Data:\n    def __len__(self): return 4\n")
+    sys.path.insert(0, str(folder))
+    try:
+        import driver_only
+
+        _batches(_loader("ray", driver_only.Data(), worker_restarts=2))
+    except WorkerError as exc:
+        assert "No module named 'driver_only'" in str(exc), exc
+        assert "must be importable there" in str(exc), exc
+    else:
+        raise AssertionError("no error for a dataset the actors cannot import")
+    finally:
+        sys.path.remove(str(folder))
+        shutil.rmtree(folder)
+    assert not _alive_actors()
 
 
 def scenario_too_few_cpus() -> None:

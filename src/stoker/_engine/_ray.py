@@ -21,6 +21,7 @@ import contextlib
 import os
 import pickle
 import queue
+import re
 import threading
 import time
 import warnings
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 PLACE_TIMEOUT_S = 60.0
 """How long an actor may wait to be placed on a node (resources busy) before iter() fails."""
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _WAIT_SLICE_S = 1.0
 """Longest single ``ray.wait``: between two, the pool checks that its actors are placed."""
 
@@ -179,6 +181,17 @@ def _tensor_in(parts: tuple[Any, str, tuple[int, ...]]) -> Any:
     return flat.view(getattr(torch, dtype.removeprefix("torch."))).reshape(shape)
 
 
+def _reason(exc: BaseException) -> str:
+    """What Ray says of a dead actor, in one line: its first (and, for a failed start, the
+    exception the start raised, its last), without the terminal's colour codes."""
+    lines = [line.strip() for line in _COLOUR.sub("", str(exc)).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if getattr(exc, "actor_init_failed", False) and len(lines) > 1:
+        return lines[-1].rstrip(".")  # the exception its start raised
+    return f"{type(exc).__name__}: {lines[0].rstrip('.')}"
+
+
 # -- in the driver -----------------------------------------------------------------------
 
 
@@ -199,7 +212,7 @@ class _Actor:
         """'Ray actor 1a2b... (pid 42) on node 127.0.0.1 (node id 9f8e...)'."""
         actor = self.actor._actor_id.hex()[:12] if self.actor is not None else "not made"
         if self.hello is None:
-            return f"Ray actor {actor} (not placed on a node yet)"
+            return f"Ray actor {actor} (its node not known yet)"
         h = self.hello
         return f"Ray actor {actor} (pid {h.pid}) on node {h.node_ip} (node id {h.node_id[:12]})"
 
@@ -364,14 +377,13 @@ class RayPool:
 
     def _died(self, w: _Actor, exc: BaseException) -> None:
         """Worker ``w``'s actor is gone: restart it with its tasks, or raise."""
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = w.where()
-        if w.restarts < self._restarts:
+        where, failed_start = w.where(), bool(getattr(exc, "actor_init_failed", False))
+        if w.restarts < self._restarts and not failed_start:  # a new one would fail too
             w.restarts += 1
             warnings.warn(
-                f"DataLoader worker {w.wid} ({where}) died ({type(exc).__name__}: {why}); "
-                f"restarted it on a new actor, its {len(w.calls)} unanswered tasks sent again "
-                f"(restart {w.restarts} of worker_restarts={self._restarts}).",
+                f"DataLoader worker {w.wid} ({where}) died ({_reason(exc)}); restarted it "
+                f"on a new actor, its {len(w.calls)} unanswered tasks sent again (restart "
+                f"{w.restarts} of worker_restarts={self._restarts}).",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -384,16 +396,23 @@ class RayPool:
                 w.calls.append((w.actor.load.remote(task), task))
             return
         self.shutdown()
-        pid = w.hello.pid if w.hello is not None else None
+        if failed_start:
+            raise WorkerError(
+                f"DataLoader worker {w.wid} ({where}) could not start: {_reason(exc)}. The "
+                "dataset, collate_fn and worker_init_fn are unpickled on the worker's node, so "
+                "their modules (and stoker) must be importable there: install them on every "
+                "node, or pass a runtime_env in ray_options."
+            ) from None
         hint = (
-            "an iterable dataset's worker cannot be restarted (its stream would start again)"
+            "an iterable dataset's worker cannot be restarted (its stream would repeat)"
             if self._iterable
             else "pass worker_restarts=N to restart it with its tasks (the batches stay the same)"
         )
+        pid = w.hello.pid if w.hello is not None else None
         raise WorkerError(
             f"DataLoader worker (pid {pid}) exited unexpectedly. Worker {w.wid}, {where}, "
-            f"died: {type(exc).__name__}: {why}. Its node may have run out of memory or been "
-            f"lost (see `ray status` and the node's logs); {hint}."
+            f"died: {_reason(exc)}. Its node may have run out of memory or been lost (see "
+            f"`ray status` and the node's logs); {hint}."
         ) from None
 
     def _ended(self, w: _Actor, bye: Bye) -> None:
