@@ -134,6 +134,21 @@ def scenario_same_batches() -> None:
     assert sorted(unordered) == sorted(want)
 
 
+def scenario_persistent_epochs() -> None:
+    """Persistent Ray workers serve three epochs with num_workers=0's batches (each epoch
+    its own order and draws), on the same actors."""
+    want, ray_loader = _loader(None), _loader("ray", persistent_workers=True)
+    epochs = [_batches(want) for _ in range(3)]
+    assert epochs[0] != epochs[1]
+    first = iter(ray_loader)
+    actors = {w.actor._actor_id for w in first._pool.workers}
+    assert [_batches(first), _batches(ray_loader), _batches(ray_loader)] == epochs
+    assert {w.actor._actor_id for w in ray_loader._iterator._pool.workers} == actors
+    pids = _pids(ray_loader._iterator)
+    del first, ray_loader
+    _nothing_left(pids)
+
+
 def scenario_resume() -> None:
     """A mid-epoch state_dict resumes exactly: process workers' state into Ray workers,
     and Ray workers' back into process workers (and into the main process)."""
@@ -399,6 +414,7 @@ def results() -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(_CHILD_TIMEOUT_S + 60)  # the first test's setup runs the whole child
 @pytest.mark.parametrize("name", ["no_cluster", *SCENARIOS])
 def test_ray_workers(results: dict[str, str], name: str) -> None:
     """One scenario of the child's run (see each ``scenario_*`` function)."""
