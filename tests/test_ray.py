@@ -211,13 +211,13 @@ def scenario_errors_and_skips() -> None:
     want = _batches(_loader(None, Images(fail=5), skip_errors=1))
     assert _batches(_loader("ray", Images(fail=5), skip_errors=1)) == want
     try:
-        _batches(_loader("ray", Images(fail=5)))
+        _batches(_loader("ray", Images(fail=5), num_workers=1))
     except ValueError as exc:
         assert "sample 5 is corrupt" in str(exc) and "worker" in "".join(exc.__notes__)
     else:
         raise AssertionError("the dataset's ValueError was not raised")
     try:
-        _batches(_loader("ray", Images(slow=0), timeout=2))
+        _batches(_loader("ray", Images(slow=0), timeout=2, num_workers=1))
     except WorkerError as exc:
         assert "timed out after 2 seconds" in str(exc) and "Ray actor" in str(exc), exc
     else:
@@ -242,7 +242,7 @@ def scenario_torch_front_door() -> None:
         return list(loader)
 
     want = run()
-    got = run(num_workers=2, worker_mode="ray", ray_options=_ON_SECOND)
+    got = run(num_workers=1, worker_mode="ray", ray_options=_ON_SECOND)
     assert all(type(g[0]) is torch.Tensor and type(g[1]) is torch.Tensor for g in got)
     for (gx, gy), (wx, wy) in zip(got, want, strict=True):
         assert torch.equal(gx, wx) and torch.equal(gy, wy)
@@ -306,6 +306,45 @@ def scenario_too_few_cpus() -> None:
     assert not _alive_actors()
 
 
+def _lose(cluster: Any, node: Any, it: Any) -> None:
+    """Node ``node`` dies: its raylet and the processes of ``it``'s actors on it, at once (as
+    when a machine is lost: its objects go with it)."""
+    cluster.remove_node(node, allow_graceful=False)
+    for w in it._pool.workers:
+        if w.hello is not None and w.hello.node_id == node.node_id:
+            os.kill(w.hello.pid, signal.SIGKILL)
+
+
+def scenario_node_lost(cluster: Any) -> None:
+    """The workers run where the resource ``doomed`` is: a third node, which dies mid-epoch.
+    With worker_restarts=1 their new actors wait for a node, a fourth joins, and the batches
+    are unchanged. Then the fourth dies under workers without restarts: a WorkerError names
+    the lost node's address."""
+    doomed = {"num_cpus": 0, "resources": {"doomed": 1}}
+    third = cluster.add_node(num_cpus=1, resources={"doomed": 2})
+    cluster.wait_for_nodes()
+    want = _batches(_loader(None, Images(n=120)))
+    it = iter(_loader("ray", Images(n=120), worker_restarts=1, ray_options=doomed))
+    got = _batches(it, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the restarts say so
+        _lose(cluster, third, it)
+        fourth = cluster.add_node(num_cpus=1, resources={"doomed": 2})
+        got += _batches(it)
+    assert got == want
+    assert {w.hello.node_id for w in it._pool.workers} == {fourth.node_id}
+    it = iter(_loader("ray", Images(n=120), ray_options=doomed))
+    _batches(it, 2)
+    _lose(cluster, fourth, it)
+    try:
+        _batches(it)
+    except WorkerError as exc:
+        assert "died" in str(exc) and "on node 127.0.0.1" in str(exc), exc
+    else:
+        raise AssertionError("no error after the workers' node was lost")
+    assert not _alive_actors()
+
+
 def _no_cluster() -> dict[str, str]:
     """Before any cluster runs: an unreachable address, and none at all, fail at iter()."""
     import stoker
@@ -324,7 +363,7 @@ def _no_cluster() -> dict[str, str]:
     return found
 
 
-SCENARIOS: dict[str, Callable[[], None]] = {
+SCENARIOS: dict[str, Callable[..., None]] = {
     name.removeprefix("scenario_"): fn
     for name, fn in globals().items()
     if name.startswith("scenario_")
@@ -339,18 +378,21 @@ def _child(out: str) -> None:
     results: dict[str, str] = {}
     found = _no_cluster()
     results["no_cluster"] = "ok" if set(found.values()) == {"ok"} else json.dumps(found)
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
+    # A node that dies is seen within a second or two, not Ray's default 15 s.
+    health = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
+    head = {"num_cpus": 1, "include_dashboard": False, "_system_config": health}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         cluster.add_node(num_cpus=2, resources={"second": 2})
         ray.init(address=cluster.address, log_to_driver=False)
         for name, fn in SCENARIOS.items():
+            start = time.monotonic()
             try:
-                fn()
+                fn(cluster) if name == "node_lost" else fn()
                 results[name] = "ok"
             except BaseException:
                 results[name] = traceback.format_exc()
+            print(f"{name}: {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 PLACE_TIMEOUT_S = 60.0
 """How long an actor may wait to be placed on a node (resources busy) before iter() fails."""
+_PLACE_AGAIN = 3
+"""With restarts, how many times a worker's actor lost before its start is placed again."""
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _WAIT_SLICE_S = 1.0
 """Longest single ``ray.wait``: between two, the pool checks that its actors are placed."""
@@ -207,6 +209,7 @@ class _Actor:
         self.calls: collections.deque[tuple[Any, Task | None]] = collections.deque()
         self.unsent: list[Task] | None = []  # tasks sent before its actor was made
         self.restarts = 0
+        self.replaced = 0  # actors lost before they started (see RayPool._died)
 
     def where(self) -> str:
         """'Ray actor 1a2b... (pid 42) on node 127.0.0.1 (node id 9f8e...)'."""
@@ -378,8 +381,7 @@ class RayPool:
     def _died(self, w: _Actor, exc: BaseException) -> None:
         """Worker ``w``'s actor is gone: restart it with its tasks, or raise."""
         where, failed_start = w.where(), bool(getattr(exc, "actor_init_failed", False))
-        if w.restarts < self._restarts and not failed_start:  # a new one would fail too
-            w.restarts += 1
+        if not failed_start and self._may_restart(w):  # a start that failed would again
             warnings.warn(
                 f"DataLoader worker {w.wid} ({where}) died ({_reason(exc)}); restarted it "
                 f"on a new actor, its {len(w.calls)} unanswered tasks sent again (restart "
@@ -414,6 +416,20 @@ class RayPool:
             f"died: {_reason(exc)}. Its node may have run out of memory or been lost (see "
             f"`ray status` and the node's logs); {hint}."
         ) from None
+
+    def _may_restart(self, w: _Actor) -> bool:
+        """Whether worker ``w`` may have a new actor, counting it. An actor lost before it
+        started was placed on a node that was dying (Ray had not seen it die yet): placing
+        it again, up to :data:`_PLACE_AGAIN` times, is no restart of the worker."""
+        if not self._restarts:
+            return False
+        if w.hello is None and w.replaced < _PLACE_AGAIN:
+            w.replaced += 1
+            return True
+        if w.restarts < self._restarts:
+            w.restarts += 1
+            return True
+        return False
 
     def _ended(self, w: _Actor, bye: Bye) -> None:
         """An actor's worker loop ended early (``sys.exit()`` in the dataset...): raise."""
