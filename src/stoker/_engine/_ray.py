@@ -119,7 +119,8 @@ def _actor_loop(args: WorkerArgs, sink: _ActorSink) -> None:
 class RayWorker:
     """The actor class of one worker (made a Ray actor by :func:`_actor_class`)."""
 
-    def __init__(self, args: WorkerArgs) -> None:
+    def __init__(self, args: WorkerArgs, fetcher: Any) -> None:
+        args.fetcher = fetcher  # put in the object store once, for every actor (RayPool)
         if args.import_torch:  # tensors cross as views of the object store, not pickles
             import ray
 
@@ -232,12 +233,14 @@ class RayPool:
         n = config.capacity
         connect(ray)
         check_resources(ray, n, self._options)
-        fetcher = config.make_fetcher()
+        # The dataset and collate go into the object store once; each actor's own
+        # arguments (worker id, seed) carry none of them, and Ray hands each the fetcher.
+        self._fetcher = ray.put(config.make_fetcher())
         import_torch = _torch.loaded() is not None
         self.workers = [
             _Actor(
                 wid,
-                WorkerArgs(wid, n, seeds[wid], fetcher, config.init_fn, import_torch=import_torch),
+                WorkerArgs(wid, n, seeds[wid], None, config.init_fn, import_torch=import_torch),  # type: ignore[arg-type]
             )
             for wid in range(n)
         ]
@@ -270,7 +273,8 @@ class RayPool:
 
     def _make_actor(self, w: _Actor) -> None:
         try:
-            w.actor = _actor_class(self._ray).options(**self._options).remote(w.args)
+            actor = _actor_class(self._ray).options(**self._options)
+            w.actor = actor.remote(w.args, self._fetcher)
         except BaseException:
             self.shutdown()
             raise
@@ -446,6 +450,7 @@ class RayPool:
         if self._closed:
             return
         self._closed = True
+        self._fetcher = None  # the dataset's copy in the object store goes with the actors
         ray = self._ray
         if not ray.is_initialized():
             return  # Ray was shut down first: its actors went with it
