@@ -140,10 +140,11 @@ def peer_contenders(root: Path, workers: int) -> dict[str, harness.Run | None]:
 
 
 def stoker_contender(
-    root: Path, workers: int, persistent: bool = False, stoker: Any = None
+    root: Path, workers: int, persistent: bool = False, stoker: Any = None, **kw: Any
 ) -> harness.Run:
     """stoker.vision ImageFolder + transforms (fused fast path) + the DataLoader of
-    ``stoker`` (the front module: ``stoker`` by default, or ``stoker.torch``)."""
+    ``stoker`` (the front module: ``stoker`` by default, or ``stoker.torch``), with the
+    loader arguments ``kw`` too (``w4_ray.py``: ``worker_mode="ray"``)."""
     if stoker is None:
         import stoker
     from stoker.vision import ImageFolder
@@ -160,6 +161,7 @@ def stoker_contender(
         num_workers=workers,
         tensor_type="torch",
         persistent_workers=persistent,
+        **kw,
     )
     return lambda: _epoch(loader)
 

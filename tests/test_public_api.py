@@ -62,6 +62,7 @@ def test_dataloader_signature_matches_torch() -> None:
         "worker_mode",
         "skip_errors",
         "snapshot_every_n_steps",
+        "ray_options",
         "worker_restarts",
     ]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
@@ -79,7 +80,7 @@ def test_import_is_light() -> None:
     """`import stoker` imports neither torch nor Pillow, nor even NumPy until a name is used."""
     code = (
         "import sys, stoker, stoker.errors; "
-        "heavy = [m for m in ('numpy', 'torch', 'PIL', 'simplejpeg', 'lmdb', 'fsspec') "
+        "heavy = [m for m in ('numpy', 'torch', 'PIL', 'simplejpeg', 'lmdb', 'fsspec', 'ray') "
         "if m in sys.modules]; print(heavy)"
     )
     assert _python(code) == "[]"
@@ -99,3 +100,14 @@ def test_numpy_path_imports_no_torch() -> None:
     assert _python(code) == "['numpy', 'numpy'] False"
     code = "import sys, stoker.torch; print('torch' in sys.modules, stoker.torch.__all__[0])"
     assert _python(code) == "True BatchSampler"
+
+
+def test_ray_is_imported_only_by_ray_workers() -> None:
+    """Neither front door imports Ray (a second's import, and a cluster's worth of
+    threads), nor does a loader built with worker_mode="ray" until it iterates."""
+    code = (
+        "import sys, stoker, stoker.torch, stoker.vision; "
+        "dl = stoker.torch.DataLoader(range(4), num_workers=2, worker_mode='ray'); "
+        "print([m for m in sys.modules if m == 'ray' or m.startswith('ray.')])"
+    )
+    assert _python(code) == "[]"

@@ -117,6 +117,7 @@ def test_signatures_and_defaults_as_torch() -> None:
         "worker_mode",
         "skip_errors",
         "snapshot_every_n_steps",
+        "ray_options",
         "worker_restarts",
     ]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)

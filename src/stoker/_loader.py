@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 T_co = TypeVar("T_co", covariant=True)
 
-_WORKER_MODES = ("process", "thread", "auto")
+_WORKER_MODES = ("process", "thread", "auto", "ray")
 _NO_TASK = object()  # an epoch without tasks
 _FROZEN_AFTER_INIT = (
     "batch_size",
@@ -79,11 +79,12 @@ class DataLoader(Generic[T_co]):
         generator: also an int seed or a ``numpy.random.Generator``.
         prefetch_factor: also ``"auto"``: deepen the window while the consumer waits.
         tensor_type: None follows the data; ``"numpy"`` or ``"torch"`` force one.
-        worker_mode: ``"process"``, ``"thread"``, or ``"auto"`` (chosen by measuring).
-        skip_errors: 0 raises, as torch does; ``n`` or a fraction in (0, 1) skips up to
-            that many failing samples per epoch, the same ones every run.
+        worker_mode: ``"process"``, ``"thread"``, ``"auto"`` (measured) or ``"ray"``.
+        skip_errors: 0 raises, as torch does; an int ``n`` or a fraction in (0, 1) skips
+            up to that many failing samples per epoch, the same ones every run.
         snapshot_every_n_steps: torchdata's (see :meth:`state_dict`).
-        worker_restarts: dead worker processes replaced per epoch (0: raise).
+        worker_restarts: dead workers replaced per epoch (0: raise).
+        ray_options: Ray's actor options for ``worker_mode="ray"`` (``docs/ray.md``).
 
     Raises:
         ValueError: for contradictory or out-of-range arguments, as torch raises.
@@ -132,6 +133,7 @@ class DataLoader(Generic[T_co]):
         worker_mode: str = "process",
         skip_errors: int | float = 0,
         snapshot_every_n_steps: int | None = 1,
+        ray_options: dict[str, Any] | None = None,
         worker_restarts: int = 0,
     ) -> None:
         _check_num_workers(num_workers)
@@ -169,6 +171,7 @@ class DataLoader(Generic[T_co]):
             raise ValueError(f"worker_mode must be one of {_WORKER_MODES}, got {worker_mode!r}.")
         _random.check_generator(generator)
         _check_skip_errors(skip_errors)
+        _check_ray(worker_mode, num_workers, prefetch_factor, ray_options)
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -182,6 +185,7 @@ class DataLoader(Generic[T_co]):
         self.worker_mode = worker_mode
         self.generator = generator
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.ray_options = ray_options
 
         self._iterable = is_iterable_dataset(dataset)
         _check_worker_restarts(worker_restarts, num_workers, worker_mode, self._iterable)
@@ -720,7 +724,7 @@ class DataLoader(Generic[T_co]):
             return self._tuner
         self._tuner_key = key
         self._tuner = None
-        if self.num_workers != 0:  # a loader without workers never imports the tuner
+        if self.num_workers != 0 and self.worker_mode != "ray":  # nor one with Ray workers
             from stoker._autotune import Autotuner
 
             auto = "auto" in (self.num_workers, self.prefetch_factor, self.worker_mode)
@@ -765,6 +769,7 @@ class DataLoader(Generic[T_co]):
             tuner=tuner,
             probe=tuner is not None and tuner.wants_probe,
             restarts=self.worker_restarts,
+            ray_options=self.ray_options,
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -965,6 +970,22 @@ def _drawn_tasks(
     if first is not _NO_TASK:
         yield first
         yield from tasks
+
+
+def _check_ray(worker_mode: str, num_workers: object, prefetch: object, options: object) -> None:
+    """Validate what ``worker_mode="ray"`` needs: a fixed worker count and prefetch (no
+    autotune: the tuner measures this machine's CPUs) and ``ray_options`` a dict."""
+    if worker_mode == "ray" and ("auto" in (num_workers, prefetch) or num_workers == 0):
+        raise ValueError(
+            "worker_mode='ray' needs a fixed num_workers >= 1 (the actors to start) and a "
+            f"fixed prefetch_factor, got num_workers={num_workers!r}, "
+            f"prefetch_factor={prefetch!r}."
+        )
+    if options is not None and (worker_mode != "ray" or not isinstance(options, dict)):
+        raise ValueError(
+            "ray_options is a dict of Ray actor options for worker_mode='ray', got "
+            f"ray_options={options!r} with worker_mode={worker_mode!r}."
+        )
 
 
 def _check_skip_errors(skip_errors: object) -> None:

@@ -69,6 +69,7 @@ class EngineConfig:
     tuner: Autotuner | None
     probe: bool = False
     restarts: int = 0  # worker_restarts: dead worker processes replaced per epoch
+    ray_options: dict[str, Any] | None = None  # worker_mode="ray": each actor's Ray options
 
 
 class Epochs(Protocol):

@@ -72,8 +72,9 @@ class Dispatcher:
         self._balance = balances_load(free, tuned, config.iterable)
         self._may_switch = config.probe  # the tuner may restart the epoch at the probe
         self._can_split = free and joinable and _splittable(config)
-        # Process workers get a group's batches as one task, answered in one slot.
-        self._group_tasks = config.worker_mode == "process" and not config.iterable
+        # Process workers get a group's batches as one task, answered in one slot (Ray
+        # workers in one actor call).
+        self._group_tasks = config.worker_mode in ("process", "ray") and not config.iterable
         # Batches per prefetch slot; 0 until GROUP_AFTER are measured (in an earlier epoch).
         self.group = memory.task_group if free else 1
         self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches

@@ -316,6 +316,10 @@ def make_pool(
     workers' slots are registered as pinned memory, so pinning them is the one copy."""
     if config.worker_mode == "thread":
         return ThreadPool(config, memory, seeds), None
+    if config.worker_mode == "ray":  # Ray is imported only here, for such a loader
+        from stoker._engine._ray import RayPool
+
+        return RayPool(config, memory, seeds), config.pin_device
     pool = ProcessPool(config, memory, seeds)
     if config.restarts or (config.skip_errors and memory.poisoned):  # restart hook
         pool._healer = Healer(config.restarts, config.skip_errors, pool._post, memory.poisoned)

@@ -583,7 +583,21 @@ class _ShmSink(_Sink):
         self.arena.abort()
 
 
-class _QueueSink(_Sink):
+class ObjectSink(_Sink):
+    """A sink that ships batches as the objects themselves (:class:`Loaded`), for a
+    transport that moves objects: a thread's queue, a Ray actor's answer."""
+
+    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
+        busy = time.perf_counter() - started
+        self.send(Loaded(task.generation, task.idx, data, busy, skipped, None))
+
+    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
+        skipped = skips if any(s is not None for s in skips) else None
+        busy = time.perf_counter() - started
+        self.send(LoadedGroup(task.generation, task.idx, batches, busy, skipped))
+
+
+class _QueueSink(ObjectSink):
     """A worker thread's: tasks (and offers of help, see :mod:`stoker._engine._split`) from
     its queue, batch objects (pinned, if asked) into the pool's queue."""
 
@@ -640,15 +654,6 @@ class _QueueSink(_Sink):
         if self.args.pin_device is not None and data is not None:
             data = pin(data, self.args.pin_device)
         return data, skipped
-
-    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
-        busy = time.perf_counter() - started
-        self.send(Loaded(task.generation, task.idx, data, busy, skipped, None))
-
-    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
-        skipped = skips if any(s is not None for s in skips) else None
-        busy = time.perf_counter() - started
-        self.send(LoadedGroup(task.generation, task.idx, batches, busy, skipped))
 
 
 def _serve(args: WorkerArgs, sink: _Sink) -> None:

@@ -93,10 +93,10 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
         worker_mode: str = "process",
         skip_errors: int | float = 0,
         snapshot_every_n_steps: int | None = 1,
+        ray_options: dict[str, Any] | None = None,
         worker_restarts: int = 0,
     ) -> None:
-        # Default samplers of stoker.torch's classes: frameworks see torch's types.
-        default_sampler = sampler is None and batch_sampler is None
+        default_sampler = sampler is None and batch_sampler is None  # of torch's types, then
         if default_sampler and not is_iterable_dataset(dataset):
             if shuffle:
                 sampler = RandomSampler(dataset, generator=generator)
@@ -125,6 +125,7 @@ class DataLoader(_loader.DataLoader[T_co], torch_data.DataLoader[T_co]):  # type
             worker_mode=worker_mode,
             skip_errors=skip_errors,
             snapshot_every_n_steps=snapshot_every_n_steps,
+            ray_options=ray_options,
             worker_restarts=worker_restarts,
         )
         self._torch_samplers(sampler is None, batch_sampler is None)
