@@ -302,9 +302,9 @@ def _lose(cluster: Any, node: Any, it: Any) -> None:
 
 def scenario_node_lost(cluster: Any) -> None:
     """The workers run where the resource ``doomed`` is: a third node, which dies mid-epoch.
-    With worker_restarts=2 (one an actor) their new actors wait for a node, a fourth joins, and the batches
-    are unchanged. Then the fourth dies under workers without restarts: a WorkerError names
-    the lost node's address."""
+    With worker_restarts=2 (one an actor) their new actors wait for a node, a fourth joins,
+    and the batches are unchanged. Then the fourth dies under workers without restarts: a
+    WorkerError names the lost node's address."""
     doomed = {"num_cpus": 0, "resources": {"doomed": 1}}
     third = cluster.add_node(num_cpus=1, resources={"doomed": 2})
     cluster.wait_for_nodes()
