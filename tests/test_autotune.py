@@ -803,7 +803,7 @@ def test_the_warm_memory_of_the_last_epoch_goes_to_the_workers_that_start(
     assert warm
     it = iter(loader)
     next(it)
-    held = [set(w.maps._maps) & warm for w in it._pool.workers]
+    held = [set(w.slots.maps._maps) & warm for w in it._pool.workers]
     assert len(held) == 8 and not any(held[2:]), held
     assert held[0] | held[1] == warm and held[0] and held[1], held
     del it

@@ -339,7 +339,7 @@ def test_slots_are_reused_not_grown() -> None:
     for _ in range(2):
         for _batch in loader:
             pass
-    arena_segments = loader._iterator._pool.workers[0].maps._maps
+    arena_segments = loader._iterator._pool.workers[0].slots.maps._maps
     assert 1 <= len(arena_segments) <= 2 + 4  # + held, in transit
     del loader, arena_segments
 
@@ -644,10 +644,10 @@ def test_slow_first_batch_starts_every_worker_in_the_next_epoch() -> None:
         _SlowFirstBatch(), batch_size=2, num_workers=2, multiprocessing_context="fork"
     )
     it = iter(loader)
-    assert len(it._pool.started_pids()) == 1
+    assert len(it._pool.gauges().pids) == 1
     assert len(list(it)) == 4
     it = iter(loader)
-    assert len(it._pool.started_pids()) == 2
+    assert len(it._pool.gauges().pids) == 2
     assert len(list(it)) == 4
 
 

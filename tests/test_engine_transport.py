@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stoker._engine._errors import RemoteError
 from stoker._engine._messages import (
     Bye,
     Exhausted,
@@ -29,20 +30,10 @@ from stoker._engine._messages import (
     from_wire,
     to_wire,
 )
-from stoker._engine._shm import Arena, SegmentMaps, unlink_prefix
-from stoker._engine._transport import (
-    Inbox,
-    Outbox,
-    RemoteError,
-    decode,
-    dumps,
-    encode,
-    frame,
-    framed,
-    pack_tasks,
-    send,
-    unpack_task,
-)
+from stoker._engine._pipe import Inbox, Outbox, dumps, frame, framed, pack_tasks, send, unpack_task
+from stoker._engine._segments import SegmentMaps, unlink_prefix
+from stoker._engine._shm import Arena
+from stoker._engine._transport import decode, encode
 
 _WAIT_S = 5.0
 """Bound of every wait for a pipe (a held result is written within a millisecond)."""

@@ -155,6 +155,11 @@ class IterableFetcher:
         self.resume: dict[str, Any] | None = None
         self.stateful = is_stateful(dataset)
 
+    def restart(self) -> None:
+        """Start the dataset's iteration afresh at the next fetch (a new epoch)."""
+        self._it = None
+        self.ended = False
+
     def state(self) -> dict[str, Any]:
         """The state of the dataset and its iterator after the last batch fetched."""
         return take_state(self.dataset, self._it)

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stoker._collate import DefaultCollate
+from stoker._engine._errors import RemoteError
 from stoker._engine._messages import Exhausted, Failed, Loaded, LoadedGroup, Snapshot, Task
 from stoker._engine._tail import Splits, mergeable, plan
-from stoker._engine._transport import RemoteError
 from stoker._engine._window import Failure
 from stoker._policy import (
     GROUP_AFTER,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from stoker._engine._transport import RemoteError
+    from stoker._engine._errors import RemoteError
 
 
 class Task(NamedTuple):
@@ -27,7 +27,7 @@ class Task(NamedTuple):
     ``task``: sample indices, or for a group the list of each batch's; ``seed``: the batch's
     (a group's is ``(seed, epoch, batch numbers)``; an iterable dataset's is its worker's
     for the epoch); ``packing``: how ``task`` crossed the pipe (see
-    :func:`~stoker._engine._transport.pack_tasks`), None once unpacked.
+    :func:`~stoker._engine._pipe.pack_tasks`), None once unpacked.
     """
 
     generation: int
@@ -90,7 +90,7 @@ class Shipped(NamedTuple):
     out with ``skip_errors``; ``untouched``: for a slow batch, whether the global RNGs were
     left alone, else None. With ``group``, a group of tiny batches (task indices ``idx``,
     ``idx + 1``, ...) in one slot: the payload the list of batches (a
-    :class:`~stoker._engine._transport.RemoteError` in place of each that raised),
+    :class:`~stoker._engine._errors.RemoteError` in place of each that raised),
     ``skipped`` None or a list. The pool decodes it into :class:`Loaded` or
     :class:`LoadedGroup`."""
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stoker._engine._transport import RemoteError
+    from stoker._engine._errors import RemoteError
 
 
 class Failure:

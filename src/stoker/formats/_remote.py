@@ -26,7 +26,7 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
-from stoker._engine._shm import pid_alive
+from stoker._engine._segments import pid_alive
 
 _TMP_MARK = ".stoker-tmp-"
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
