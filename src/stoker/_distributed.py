@@ -26,7 +26,7 @@ import numpy as np
 
 from stoker._dataset import IterableDataset
 from stoker._random import rng
-from stoker._sampler import _U64, IndexArray, Sampler, _fast_iter, _is_int, check_state, state_int
+from stoker._sampler import U64, IndexArray, Sampler, check_state, fast_iter, is_int, state_int
 from stoker._worker_info import get_worker_info
 
 T_co = TypeVar("T_co", covariant=True)
@@ -76,7 +76,7 @@ def check_world(who: str, num_replicas: int | None, rank: int | None) -> tuple[i
             "WORLD_SIZE and RANK environment variables (torchrun does)."
         )
     for name, value in (("num_replicas", num_replicas), ("rank", rank)):
-        if not _is_int(value):
+        if not is_int(value):
             raise TypeError(f"{name} must be an integer, got {value!r}.")
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}.")
@@ -129,7 +129,7 @@ class DistributedSampler(Sampler[int]):
         even: bool = True,
     ) -> None:
         num_replicas, rank = check_world("DistributedSampler", *find_world(num_replicas, rank))
-        if not _is_int(seed):
+        if not is_int(seed):
             raise TypeError(f"seed must be an integer, got {seed!r}.")
         if not isinstance(even, bool):
             raise TypeError(f"even must be a bool, got {even!r}; pass True or False.")
@@ -164,7 +164,7 @@ class DistributedSampler(Sampler[int]):
         Raises:
             TypeError: ``epoch`` is not an integer.
         """
-        if not _is_int(epoch):
+        if not is_int(epoch):
             raise TypeError(f"epoch must be an integer, got {epoch!r}.")
         self.epoch = int(epoch)
 
@@ -181,9 +181,9 @@ class DistributedSampler(Sampler[int]):
 
     def _permutation(self, n: int) -> IndexArray:
         """The epoch's shuffled order of ``n`` indices, the same on every rank."""
-        return rng(self.seed % _U64, operator.index(self.epoch) % _U64).permutation(n)
+        return rng(self.seed % U64, operator.index(self.epoch) % U64).permutation(n)
 
-    @_fast_iter
+    @fast_iter
     def __iter__(self) -> Iterator[int]:
         return iter(self._epoch_indices().tolist())
 
