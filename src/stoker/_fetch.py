@@ -7,20 +7,27 @@ everything here is picklable and free of process logic.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from stoker._batch import Alloc, set_output_alloc
-from stoker._collate import DefaultCollate
-from stoker._dataset import draws_nothing
+from stoker._policy import only_stoker_code
 from stoker._stateful import is_stateful, resumed_iterator, take_state
 
 CollateFn = Callable[[Any], Any]
 MapFn = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
-Skipped = tuple[list[Any], str, bool]
-"""What a fetch skipped: the failing sample indices, the first error (``"Type: message"``),
-and whether the whole batch was dropped."""
+
+
+class Skipped(NamedTuple):
+    """What a fetch skipped: the failing sample ``indices``, the first ``error``
+    (``"Type: message"``), and whether the whole batch was ``dropped``."""
+
+    indices: list[Any]
+    error: str
+    dropped: bool
+
+
 
 
 class MapFetcher:
@@ -51,7 +58,7 @@ class MapFetcher:
         self.skip_errors = skip_errors
         # Whether a fetch may draw from the global RNGs, so that each batch is seeded from
         # (seed, epoch, k) first; stoker's array datasets and default collate draw nothing.
-        self.draws = not (type(collate_fn) is DefaultCollate and draws_nothing(dataset))
+        self.draws = not only_stoker_code(dataset, collate_fn)
 
     def fetch(self, index: Any, alloc: Alloc | None = None) -> Any:
         """The collated batch for ``index``; ``alloc`` goes to stoker's default collate."""
@@ -104,7 +111,7 @@ class MapFetcher:
         """
         if not self.auto_collation:
             one = int(index) if isinstance(index, (int, np.integer)) else index
-            return None, ([one], _error_text(batch_error), True)
+            return None, Skipped(indices=[one], error=_error_text(batch_error), dropped=True)
         ds = self.dataset
         getitems = getattr(ds, "__getitems__", None)
         as_array = getitems is not None and getattr(ds, "_stoker_index_array", False)
@@ -124,7 +131,7 @@ class MapFetcher:
                 first = first or _error_text(exc)
         if not failed:  # the batch failed as a whole but each sample loads: not skippable
             raise batch_error
-        return data or None, (failed, first, not data)
+        return data or None, Skipped(indices=failed, error=first, dropped=not data)
 
 
 class IterableFetcher:

@@ -35,16 +35,17 @@ OnBye = Callable[[int, Bye], None]
 
 def loaded(msg: Shipped, data: Any) -> Loaded | LoadedGroup:
     """The iterator's record of a shipped batch (a group's, with ``msg.group``)."""
+    skipped: Any = msg.skipped  # a group's: one entry per batch
     if msg.group:
         return LoadedGroup(
-            generation=msg.generation, idx=msg.idx, batches=data, busy=msg.busy, skipped=msg.skipped
+            generation=msg.generation, idx=msg.idx, batches=data, busy=msg.busy, skipped=skipped
         )
     return Loaded(
         generation=msg.generation,
         idx=msg.idx,
         batch=data,
         busy=msg.busy,
-        skipped=msg.skipped,
+        skipped=skipped,
         untouched=msg.untouched,
     )
 

@@ -188,15 +188,15 @@ class MultiWorkerIterator:
             got = self._window.pop()
             if got is not None:
                 self._refill()  # its place in the window is free: keep the workers busy
-                k, item, skipped = got
+                skipped = got.skipped
                 if skipped is not None:  # counted in task order: the same in every run
-                    self._epoch_state.skip(k, skipped)  # raises past the cap
-                    self._stats.skipped += len(skipped[0])
-                if not self._epoch_state.deliver(k):
+                    self._epoch_state.skip(got.k, skipped)  # raises past the cap
+                    self._stats.skipped += len(skipped.indices)
+                if not self._epoch_state.deliver(got.k):
                     continue  # delivered before the checkpoint this epoch resumes from
-                if skipped is not None and skipped[2]:
+                if skipped is not None and skipped.dropped:
                     continue  # every sample of the batch failed: it is dropped
-                return self._deliver(item)
+                return self._deliver(got.item)
             if self._window.drained(self._dispatch.done):
                 self._end()
                 raise StopIteration
@@ -252,22 +252,20 @@ class MultiWorkerIterator:
 
     def _autotune(self, probe: Probe | None = None) -> None:
         """Ask the tuner after a delivered batch or a worker's ``probe``; apply its decision."""
-        from stoker._autotune import ADD_PREFETCH, IN_PROCESS_NOW
-
         assert self._tuner is not None  # workers probe only for a tuner
         if probe is not None:
             timer = functools.partial(load_in_process, self._config, self._dispatch.first_task)
-            decision = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
+            step = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
             if self._dispatch.drawn is not None:  # nothing delivered: the epoch may restart
-                if decision == IN_PROCESS_NOW:
+                if step.in_process:
                     return self._switch(None, 0)
                 if self._tuner.next_mode() != self.mode:
                     return self._switch(self._tuner.mode, self._tuner.workers)
         else:
-            decision = self._tuner.step(self._stats, self._pool.gauges().pids)
-        if decision > 0:
-            self._add_workers(decision)
-        if decision == ADD_PREFETCH:
+            step = self._tuner.step(self._stats, self._pool.gauges().pids)
+        if step.add:
+            self._add_workers(step.add)
+        if step.deepen:
             self._prefetch += 1
             self._stats.prefetch = self._prefetch
             self._refill()

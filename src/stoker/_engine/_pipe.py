@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker._engine._messages import Task, from_wire, to_wire
+from stoker._engine._messages import GroupSeeds, Task, from_wire, to_wire
 
 _READ_SIZE = 1 << 16
 """Bytes asked for per read of a pipe (a pipe buffer: all it holds)."""
@@ -64,13 +64,13 @@ def pack_tasks(tasks: list[Task]) -> list[tuple[Any, ...]]:
     """Tasks as plain tuples for the pipe (a NamedTuple costs more to pickle), each
     with how its indices travel: 1-D integer index arrays as raw bytes, with their dtype
     (far cheaper to pickle than the array); other tasks as they are, with None.
-    A group of tiny batches (``task`` a list of tasks, ``seed`` a tuple, see
+    A group of tiny batches (``task`` a list of tasks, ``seed`` :class:`GroupSeeds`, see
     :func:`stoker._policy.group_size`) has ``("g", dtype)``, its index arrays joined in one
     bytes object with their lengths.
     """
     out: list[tuple[Any, ...]] = []
     for gen, idx, task, seed, _ in tasks:
-        if type(seed) is tuple:
+        if type(seed) is GroupSeeds:  # its indices are a list of arrays
             dtypes = {t.dtype.str if _index_array(t) else None for t in task}
             dtype = dtypes.pop() if len(dtypes) == 1 else None
             if dtype is not None:
@@ -91,9 +91,9 @@ def unpack_task(packed: tuple[Any, ...]) -> Task:
     """The :class:`~stoker._engine._messages.Task` of a :func:`pack_tasks` entry (writable
     arrays again; a list for a group).
 
-    >>> unpack_task(pack_tasks([Task(0, 0, np.arange(3), 0)])[0]).task
+    >>> unpack_task(pack_tasks([Task(0, 0, np.arange(3), BatchSeed(0))])[0]).task
     array([0, 1, 2])
-    >>> group = Task(0, 0, [np.arange(2), np.arange(1)], (0, 0, [0, 1]))
+    >>> group = Task(0, 0, [np.arange(2), np.arange(1)], GroupSeeds(0, 0, [0, 1]))
     >>> unpack_task(pack_tasks([group])[0]).task
     [array([0, 1]), array([0])]
     """

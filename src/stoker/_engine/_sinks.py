@@ -114,7 +114,7 @@ def _say_bye(args: WorkerArgs, conn: Any, kept: list[tuple[str, int]], ended: En
     back)."""
     try:
         why = None if ended is None else (ended.remote.summary(), ended.code)
-        send(conn, Bye(kept, why))
+        send(conn, Bye(kept=kept, why=why))
     except (OSError, ValueError):  # nobody to take them: unlink them too
         unlink_prefix(args.prefix)
     # What is left of a forked worker is the exit: tearing down this copy of the main
@@ -161,10 +161,10 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
         if start(args, sink, whole_process=False):
             serve(args, sink)
     except Ended as exc:
-        sink.send(Bye(None, (exc.remote.summary(), None)))
+        sink.send(Bye(kept=None, why=(exc.remote.summary(), None)))
     except BaseException as exc:  # stoker's own code failed: still a dead worker, saying why
         remote = RemoteError(exc, f"worker thread {args.worker_id}", keep_object=True)
-        sink.send(Bye(None, (remote.summary(), None)))
+        sink.send(Bye(kept=None, why=(remote.summary(), None)))
     finally:
         set_worker_info(None, whole_process=False)
 
@@ -207,7 +207,9 @@ class ShmSink(Sink):
             seed_globals(seed, every_device=True)  # its draws go on through the epoch
 
     def seed_for(self, task: Task) -> int | None:
-        return task.seed if self.fetcher.draws and not self.iterable else None
+        if self.iterable or not self.fetcher.draws:  # an iterable's: seeded once, per epoch
+            return None
+        return task.seed.seed  # type: ignore[union-attr]  # a batch's (groups: KINDS)
 
     def begin(self) -> None:
         # Making the slot (for a later batch too) may find /dev/shm full.
@@ -227,7 +229,7 @@ class ShmSink(Sink):
         # can be loaded by several workers (see stoker._engine._tail).
         untouched = None
         if busy >= TAIL_SPLIT_MIN_S and not self.iterable:
-            untouched = not self.fetcher.draws or globals_untouched(task.seed)
+            untouched = not self.fetcher.draws or globals_untouched(task.seed.seed)  # type: ignore[union-attr]
         retired = self.arena.take_retired()
         msg = shipped(task, payload, busy, skipped, slot=slot, retired=retired, untouched=untouched)
         self.outbox.send(msg, hold=bool(self.pending) and busy < FAST_BATCH_S and not first)
@@ -246,7 +248,9 @@ class ShmSink(Sink):
 
     def snapshot(self, task: Task) -> None:
         state = self.fetcher.state()  # type: ignore[union-attr]
-        self.outbox.send(Snapshot(task.generation, task.idx, state), hold=True)  # with the batch
+        self.outbox.send(
+            Snapshot(generation=task.generation, idx=task.idx, state=state), hold=True
+        )  # with the batch
 
     def abort(self) -> None:
         self.arena.abort()
@@ -267,7 +271,7 @@ class LocalSink(Sink):
         self.fetched = 0
 
     def seed_for(self, task: Task) -> int | None:
-        seed = task.seed
+        seed: int = task.seed.seed  # type: ignore[union-attr]  # a batch's or a stream's
         if self.iterable:  # threads share the RNGs: each batch is seeded on its own
             seed, self.fetched = mix_seed(seed, self.fetched), self.fetched + 1
         return seed if self.fetcher.draws else None
@@ -314,14 +318,18 @@ class QueueSink(LocalSink):
             msg.job.work()  # samples of another thread's slow batch
 
     def fetch(self, indices: Any, seed: int | None, timer: SampleTimer | None = None) -> Any:
-        split = self.split
-        if timer is not None and isinstance(self.fetcher, MapFetcher):
-            board_map = self.board.map
-            split = functools.partial(
-                self.split, map_fn=lambda fn, items: board_map(timer.wrap(fn), items, True)
-            )
+        split, probing = self.split, self.whole
+        if isinstance(self.fetcher, MapFetcher):
+            board_map, wrap = self.board.map, None if timer is None else timer.wrap
+
+            def rest(fn: Any, items: list[Any], first_done: Any = None) -> list[Any]:
+                timed = wrap is not None
+                return board_map(fn if wrap is None else wrap(fn), items, timed, first_done)
+
+            split = functools.partial(self.split, map_fn=rest)
+            probing = functools.partial(self.whole, map_fn=self.guard.deciding(rest, wrap))
         if seed is not None:
-            data, skipped = self.guard.fetch(split, indices, seed, self.whole)
+            data, skipped = self.guard.fetch(split, indices, seed, self.whole, probing)
         else:
             data, skipped = split(indices)
         if self.args.pin_device is not None and data is not None:

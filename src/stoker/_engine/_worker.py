@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.random  # loaded once here, not again in each new worker
@@ -28,12 +28,15 @@ from stoker import _torch
 from stoker._engine._buffers import BufferPool
 from stoker._engine._errors import RemoteError
 from stoker._engine._messages import (
+    BatchSeed,
     Exhausted,
     Failed,
+    GroupSeeds,
     Inited,
     Ready,
     Snapshot,
     StartFailed,
+    StreamSeed,
     Task,
 )
 from stoker._engine._probe import SampleTimer
@@ -187,7 +190,9 @@ def start(args: WorkerArgs, sink: Sink, whole_process: bool) -> bool:
         _setup(args, whole_process)
     except Exception as exc:
         who = f"worker thread {args.worker_id}" if args.in_thread else f"worker {args.worker_id}"
-        sink.send(StartFailed(RemoteError(exc, f"{who} start-up", keep_object=args.in_thread)))
+        sink.send(
+            StartFailed(error=RemoteError(exc, f"{who} start-up", keep_object=args.in_thread))
+        )
         return False
     sink.send(Ready())
     init = args.worker_init_fn
@@ -199,7 +204,7 @@ def start(args: WorkerArgs, sink: Sink, whole_process: bool) -> bool:
         raise
     except Exception as exc:
         at = f"{where(args, None)} start-up"
-        sink.send(StartFailed(RemoteError(exc, at, keep_object=args.in_thread)))
+        sink.send(StartFailed(error=RemoteError(exc, at, keep_object=args.in_thread)))
         return False
     except BaseException as exc:
         name = getattr(init, "__qualname__", type(init).__qualname__)
@@ -251,7 +256,7 @@ class Sink:
         """Send the state of a stateful iterable dataset after ``task``'s batch, before it
         (a copy: the main process keeps it while the dataset goes on, in this process)."""
         state = copy.deepcopy(self.fetcher.state())  # type: ignore[union-attr]
-        self.send(Snapshot(task.generation, task.idx, state))
+        self.send(Snapshot(generation=task.generation, idx=task.idx, state=state))
 
     def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
         """Send a group's batches (a :class:`RemoteError` for each that raised)."""
@@ -264,7 +269,7 @@ class Sink:
         """Send one :class:`Failed` for each batch of ``task`` (a group's), raised ``exc``."""
         err = RemoteError(exc, where(self.args, None), keep_object=self.args.in_thread)
         for j in range(len(task.task)):
-            self.send(Failed(task.generation, task.idx + j, err))
+            self.send(Failed(generation=task.generation, idx=task.idx + j, error=err))
 
 
 class Server:
@@ -288,31 +293,31 @@ class Server:
             self.generation = task.generation
             if isinstance(fetcher, IterableFetcher):
                 fetcher.restart()
-                sink.epoch(task.seed)
+                sink.epoch(task.seed.seed)  # type: ignore[union-attr]  # a StreamSeed
                 if type(task.task) is StreamTask:  # a resumed stateful stream: its state
                     fetcher.resume = task.task.state
-        seed = sink.seed_for(task)
         if isinstance(fetcher, IterableFetcher) and fetcher.ended:
-            sink.send(Exhausted(task.generation, task.idx))
+            sink.send(Exhausted(generation=task.generation, idx=task.idx))
             return
-        group = type(task.seed) is tuple  # a group of tiny batches: one slot, one message
+        kind = KINDS[type(task.seed)]
         try:
-            if group:
-                _load_group(args, sink, task)
-            else:
-                _load(sink, task, seed, first, iterable)
+            kind.load(sink, task, first)
         except Exception as exc:  # the dataset's, collate's, or a batch that cannot cross
             sink.abort()
             if iterable and isinstance(exc, StopIteration):
-                sink.send(Exhausted(task.generation, task.idx))
+                sink.send(Exhausted(generation=task.generation, idx=task.idx))
             else:  # no local name for it: the frame must not keep it (see _failure)
                 shown = None if iterable else task.task
-                sink.send(Failed(task.generation, task.idx, _failure(args, exc, shown)))
+                sink.send(
+                    Failed(
+                        generation=task.generation, idx=task.idx, error=_failure(args, exc, shown)
+                    )
+                )
         except ParentDied:
             raise
         except BaseException as exc:  # sys.exit(), KeyboardInterrupt...: the worker ends
             sink.abort()
-            raise Ended(exc, where(args, None if group or iterable else task.task)) from None
+            raise Ended(exc, where(args, task.task if kind.shows_indices else None)) from None
 
 
 def serve(args: WorkerArgs, sink: Sink) -> None:
@@ -323,10 +328,12 @@ def serve(args: WorkerArgs, sink: Sink) -> None:
         server.handle(task)
 
 
-def _load(sink: Sink, task: Task, seed: int | None, first: bool, iterable: bool) -> None:
+def _load(sink: Sink, task: Task, first: bool) -> None:
     """Fetch and ship one task's batch (its own frame: nothing of it outlives the call);
     an epoch's first, timed for the autotuner if it asks; a stateful iterable dataset's
     state before it, unless the task says none is needed (see :class:`StreamTask`)."""
+    seed = sink.seed_for(task)
+    iterable = isinstance(sink.fetcher, IterableFetcher)
     started = time.perf_counter()
     sink.begin()
     timer = None
@@ -346,14 +353,15 @@ def _wants_state(task: Any) -> bool:
     return task is None or (type(task) is StreamTask and task.snapshot)
 
 
-def _load_group(args: WorkerArgs, sink: Sink, task: Task) -> None:
+def _load_group(sink: Sink, task: Task, first: bool) -> None:
     """Fetch and ship a group of tiny batches (task indices ``task.idx``, ``+ 1``, ...):
     each seeded from (seed, epoch, its own batch number), as a batch sent alone, and a
     :class:`RemoteError` in place of each that raised. The finished batches wait for the
     group's last one: only batches measured to load in less than
     :data:`~stoker._policy.FAST_BATCH_S` are grouped
     (see :func:`~stoker._policy.group_size`)."""
-    base, epoch, ks = task.seed
+    args, group = sink.args, task.seed
+    assert type(group) is GroupSeeds  # KINDS sends only groups here
     started = time.perf_counter()
     try:
         sink.begin()
@@ -361,7 +369,7 @@ def _load_group(args: WorkerArgs, sink: Sink, task: Task) -> None:
         sink.fail_all(task, exc)
         return
     n = len(task.task)
-    seeds = batch_seeds(base, epoch, ks) if args.fetcher.draws else [None] * n
+    seeds = batch_seeds(group.base, group.epoch, group.ks) if args.fetcher.draws else [None] * n
     batches: list[Any] = []
     skips: list[Any] = []
     for seed, indices in zip(seeds, task.task, strict=True):
@@ -382,3 +390,20 @@ def _failure(args: WorkerArgs, exc: Exception, indices: Any) -> RemoteError:
     if isinstance(exc, StopIteration):
         exc = RuntimeError("a map-style dataset raised StopIteration while fetching a batch.")
     return RemoteError(exc, where(args, indices), keep_object=args.in_thread)
+
+
+class Kind(NamedTuple):
+    """How the worker loads a kind of task: ``load(sink, task, first)``, and whether its
+    errors name the task's sample indices (a batch's; not a group's or a stream's)."""
+
+    load: Callable[[Sink, Task, bool], None]
+    shows_indices: bool
+
+
+KINDS: dict[type, Kind] = {
+    BatchSeed: Kind(load=_load, shows_indices=True),
+    GroupSeeds: Kind(load=_load_group, shows_indices=False),
+    StreamSeed: Kind(load=_load, shows_indices=False),
+}
+"""Each kind of task seed (:data:`~stoker._engine._messages.TaskSeed`) and how it loads: a
+new kind is its record and one entry here."""
