@@ -7,7 +7,8 @@ another module": ``x._name`` is allowed only where ``x`` is ``self`` or ``cls``,
 or module member: the module's own classes then), or where it is one of Python's, NumPy's
 or torch's own protocol names (:data:`PROTOCOL`), or a member of a module outside stoker
 (``sys._getframe``, torch's), or an allowed member of another library's object
-(:data:`EXTERNAL`). ``from stoker.x import _name`` is allowed only for a module
+(:data:`EXTERNAL`); ``getattr(x, "_name")`` likewise, beyond stoker's own duck-typed
+protocols (:data:`MARKERS`). ``from stoker.x import _name`` is allowed only for a module
 (``from stoker._engine import _shm``). Dunder names (``__class__``) are public.
 """
 
@@ -41,6 +42,21 @@ EXTERNAL = frozenset(
     }
 )
 """Private members of other libraries' objects that stoker must use, each with its reason."""
+MARKERS = frozenset(
+    {
+        # class attributes a dataset's author sets to tell stoker something
+        "_stoker_index_array",
+        "_stoker_worker_agnostic",
+        # what a sampler (stoker's, a wrapper's, the user's) may define for checkpoints:
+        # the state that draws its epoch again; underscored to stay off torch's surface
+        "_drawn_state",
+        "_pending_state",
+        # the cache a dataset reads through (ImageFolder's decoded pixels), for statistics
+        "_pixel_cache",
+    }
+)
+"""stoker's own duck-typed protocols, read with ``getattr`` on any object, each documented
+where it is read."""
 OUTSIDE_ROOTS = frozenset({"torch"})
 """Names that hold a module outside stoker without importing it (``torch =
 _torch.loaded()``: torch's own members, private ones included, are torch's business)."""
@@ -93,9 +109,20 @@ def _outside_modules(tree: ast.AST) -> set[str]:
 
 
 def _root(node: ast.expr) -> str | None:
-    while isinstance(node, ast.Attribute):
-        node = node.value
+    """The name an attribute chain starts from (``getattr(x, ...)`` read as ``x.``)."""
+    while isinstance(node, ast.Attribute) or _getattr_name(node) is not None:
+        node = node.value if isinstance(node, ast.Attribute) else node.args[0]  # type: ignore[attr-defined]
     return node.id if isinstance(node, ast.Name) else None
+
+
+def _getattr_name(node: ast.AST) -> str | None:
+    """The attribute name of ``getattr(x, "name", ...)`` / ``hasattr(x, "name")``, else None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        return None
+    if node.func.id not in ("getattr", "hasattr") or len(node.args) < 2:
+        return None
+    arg = node.args[1]
+    return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
 
 
 def reaches(path: Path, root: Path = SRC) -> list[str]:
@@ -112,6 +139,13 @@ def reaches(path: Path, root: Path = SRC) -> list[str]:
             if node.attr in own or node.attr in PROTOCOL or node.attr in EXTERNAL:
                 continue
             if base in outside:
+                continue
+            found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+        elif (name := _getattr_name(node)) is not None and _private(name):
+            base = _root(node.args[0])  # type: ignore[attr-defined]
+            if _is_self(node.args[0]) or base in outside:  # type: ignore[attr-defined]
+                continue
+            if name in own or name in MARKERS or name in PROTOCOL:
                 continue
             found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stoker"):
@@ -145,10 +179,12 @@ def test_the_finder_sees_a_reach_and_lets_own_names_pass(tmp_path: Path) -> None
         "        row._replace(a=1)\n"
         "        other._mine\n"
         "        other._set = 2\n"
+        "        getattr(other, '_hidden', None)\n"
         "        return other._theirs\n"
     )
     assert reaches(tmp_path / "m.py", tmp_path) == [
         "m.py:2: from stoker._x import _helper",
         "m.py:10: other._set",
-        "m.py:11: other._theirs",
+        "m.py:11: getattr(other, '_hidden', None)",
+        "m.py:12: other._theirs",
     ]

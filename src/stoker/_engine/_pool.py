@@ -2,8 +2,9 @@
 
 :class:`~stoker._engine._multi.MultiWorkerIterator` drives one :class:`WorkerPool` from
 the thread that iterates; :func:`~stoker._engine._multi.make_pool` picks it by
-``worker_mode``. Three implement it: :class:`~stoker._engine._procs.ProcessPool` (a
-process and a pipe per worker, batches in shared memory),
+``worker_mode`` from ``_multi.POOLS`` (where a new kind registers). Three implement it:
+:class:`~stoker._engine._procs.ProcessPool` (a process and a pipe per worker, batches in
+shared memory),
 :class:`~stoker._engine._threads.ThreadPool` (a thread per worker, batch objects) and
 :class:`~stoker._engine._inproc.InProcessPool` (the worker loop run by the main thread
 itself, for tests of the iterator with no process or thread). A new kind of pool
