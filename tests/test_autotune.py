@@ -105,7 +105,7 @@ class _Windows:
         monkeypatch.setattr(_autotune, "tree_cpu_seconds", lambda pids: self.cpu)
         tuner.begin(self.rec)
 
-    def window(self, waited: float, rate: float = 100.0, cpus: float = 0.1) -> int:
+    def window(self, waited: float, rate: float = 100.0, cpus: float = 0.1) -> _autotune.Step:
         """A window of 0.1 s at ``rate`` batches/s, the consumer waiting ``waited`` of it,
         the loader using ``cpus`` CPUs: the tuner's decision at its end."""
         rec = self.rec
@@ -136,8 +136,8 @@ def test_windows_add_workers_while_the_consumer_waits_and_each_addition_gains(
     """A consumer waiting w of a window gets count / (1 - w) workers (at most 4x at once);
     additions go on while one raises batches/s by 5 %, then the count stays."""
     windows = _Windows(Autotuner(1, 8, 2, True, False, shared_memory=True), monkeypatch)
-    assert windows.window(waited=0.4, rate=100) == 1  # 1 / (1 - 0.4), rounded up: 2
-    assert windows.window(waited=0.9, rate=200) == 6  # 2 x 4 = 8: the capacity
+    assert windows.window(waited=0.4, rate=100).add == 1  # 1 / (1 - 0.4), rounded up: 2
+    assert windows.window(waited=0.9, rate=200).add == 6  # 2 x 4 = 8: the capacity
     assert windows.tuner.workers == 8
     assert windows.window(waited=0.5, rate=200) == _autotune.KEEP  # no gain: the end
     assert windows.tuner.settled and windows.tuner.workers == 8
@@ -217,8 +217,8 @@ def trial_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """No move from the first batch's timing (in process, or to the model's count: on a
     loaded machine a tiny batch may take long enough to look like one that waits): the
     end-of-epoch trial decides."""
-    monkeypatch.setattr(_autotune, "_MEASURE_BELOW_S", 0.0)
-    monkeypatch.setattr(_autotune, "_JUMP_BATCH_S", float("inf"))
+    monkeypatch.setattr(_autotune, "MEASURE_BELOW_S", 0.0)
+    monkeypatch.setattr(_autotune, "JUMP_BATCH_S", float("inf"))
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def windows_keep(monkeypatch: pytest.MonkeyPatch) -> None:
     """No window of batches adds workers (or prefetch): the consumer never waits enough.
     The count stays where it starts, whatever this machine's speed (a loaded machine makes
     any consumer wait)."""
-    monkeypatch.setattr(_autotune, "_INPUT_BOUND", float("inf"))
+    monkeypatch.setattr(_autotune, "INPUT_BOUND", float("inf"))
 
 
 WORKERS_COST = EpochFigures(16, per_batch=1e-3, load=1e-5, loop=1e-5)
@@ -670,9 +670,9 @@ def test_the_probe_model_counts_workers_from_the_cpu_a_fetch_uses(
     monkeypatch.setattr(_autotune, "available_cpus", lambda: 2)
     tuner = _autotune.Autotuner.for_settings("auto", 2, "process", False, False)
     tuner.capacity = 8
-    assert tuner.probe(_probe(wall, cpu), 50) == workers - 1
+    assert tuner.probe(_probe(wall, cpu), 50).add == workers - 1
     assert tuner.workers == workers
-    assert tuner.probe(_probe(wall, cpu), 50) == 0  # only the first probe decides
+    assert tuner.probe(_probe(wall, cpu), 50) == _autotune.KEEP  # only the first decides
 
 
 @pytest.mark.parametrize(
@@ -713,7 +713,7 @@ def test_fast_batches_load_in_process_from_the_first_epoch_with_the_same_batches
     at once (``__getitems__``) are timed before any worker starts; single samples at the
     first worker's probe, and the epoch restarts in process."""
     monkeypatch.setattr(_autotune, "IN_PROCESS_NOW_S", 10.0)
-    monkeypatch.setattr(_autotune, "_MEASURE_BELOW_S", 10.0)
+    monkeypatch.setattr(_autotune, "MEASURE_BELOW_S", 10.0)
     data = TensorDataset(np.arange(64 * 3, dtype=np.float32).reshape(64, 3))
     kw: dict[str, Any] = {"batch_size": batch_size, "shuffle": True, "generator": 5}
     auto: DataLoader[Any] = DataLoader(
@@ -793,7 +793,7 @@ def test_the_warm_memory_of_the_last_epoch_goes_to_the_workers_that_start(
     """Forked workers reuse the shared memory the last epoch's workers wrote (no page to fault
     again), spread over the workers that start, not over the tuner's whole capacity."""
     monkeypatch.setattr(_autotune, "available_cpus", lambda: 2)  # 2 workers of capacity 8
-    monkeypatch.setattr(_autotune, "_MIN_EPOCH_BATCHES", 10**9)  # no trial in process
+    monkeypatch.setattr(_autotune, "MIN_EPOCH_BATCHES", 10**9)  # no trial in process
     data = TensorDataset(np.zeros((64, 4096), np.float32))
     loader: DataLoader[Any] = DataLoader(
         data, batch_size=8, num_workers="auto", multiprocessing_context="fork"
@@ -803,7 +803,7 @@ def test_the_warm_memory_of_the_last_epoch_goes_to_the_workers_that_start(
     assert warm
     it = iter(loader)
     next(it)
-    held = [set(w.maps._maps) & warm for w in it._pool.workers]
+    held = [set(w.slots.maps._maps) & warm for w in it._pool.workers]
     assert len(held) == 8 and not any(held[2:]), held
     assert held[0] | held[1] == warm and held[0] and held[1], held
     del it

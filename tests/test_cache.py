@@ -24,7 +24,7 @@ from PIL import Image
 
 import stoker
 from stoker import _cache
-from stoker._engine import _shm
+from stoker._engine import _shm_errors
 from stoker.vision import ImageFolder
 from stoker.vision import transforms as T
 
@@ -319,7 +319,7 @@ def test_memory_cache_leaves_nothing_and_counts_in_the_engines_shm_check() -> No
     assert reserved > 30 << 20  # sparse: nothing written yet, all of it may still be
     room = _cache.shm_room_bytes()
     assert room is not None and room <= before - 30 * (1 << 20) + (1 << 20)
-    told = re.search(r"([\d,]+) bytes are free", str(_shm._shm_error(1 << 40, 2, 4)))
+    told = re.search(r"([\d,]+) bytes are free", str(_shm_errors.shm_error(1 << 40, 2, 4)))
     assert told is not None and abs(int(told[1].replace(",", "")) - room) < 1 << 20
     del ds
     assert _cache.shm_reserved_bytes() == 0

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from stoker._engine._shm import Arena, SegmentMaps, sweep_dead_owners, unlink_prefix
+from stoker._engine._segments import SegmentMaps, sweep_dead_owners, unlink_prefix
+from stoker._engine._shm import Arena
 from stoker._engine._transport import encode
 
 

@@ -29,7 +29,7 @@ from stoker.errors import SharedMemoryError, WorkerError
 METHODS = ["fork", "spawn"]
 _GONE_WAIT_S = 30.0
 """How long stopped workers may take to be gone: a worker that said goodbye may take seconds
-to exit on a busy machine (the pool kills it after ``_pool._EXIT_WAIT_S``); a leak stays."""
+to exit on a busy machine (the pool kills it after ``_reap.EXIT_WAIT_S``); a leak stays."""
 
 
 class Faulty:

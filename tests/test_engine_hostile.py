@@ -28,7 +28,7 @@ import pytest
 
 from conftest import raised
 from stoker import DataLoader
-from stoker._engine import _pool
+from stoker._engine import _threads
 from stoker._engine._messages import Ready
 from stoker.errors import WorkerError
 
@@ -215,7 +215,7 @@ def _silent_thread(args: Any, inbox: Any, outbox: Any) -> None:
 def test_a_thread_that_ends_without_a_word_is_seen_dead(monkeypatch: pytest.MonkeyPatch) -> None:
     """The thread pool checks that its threads live: one that ended without saying so
     (here, a worker function that just returns) is a dead worker, seen within seconds."""
-    monkeypatch.setattr(_pool, "thread_worker", _silent_thread)
+    monkeypatch.setattr(_threads, "thread_worker", _silent_thread)
     it = iter(_loader(Hostile("none"), "thread"))
     got, exc, took = _within(_BOUND_S, _take_all, it)
     assert got == [] and isinstance(exc, WorkerError)

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import _snapshot, leftovers
 from stoker import DataLoader, TensorDataset
-from stoker._engine import _pool
+from stoker._engine import _procs
 
 
 def test_thousand_iterators_leave_nothing_behind() -> None:
@@ -53,13 +53,13 @@ def test_the_reaper_starts_before_the_workers_are_told_to_stop(
     while they tear down their address spaces, it waited for a core (~4 ms), and so did
     the loop that ended the epoch. It ends once they have exited."""
     seen: list[bool] = []
-    said_bye = _pool._said_bye
+    said_bye = _procs._said_bye
 
     def spy(w: object, deadline: float) -> bool:
         seen.append(any(t.name == "stoker-reaper" for t in threading.enumerate()))
         return said_bye(w, deadline)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_pool, "_said_bye", spy)
+    monkeypatch.setattr(_procs, "_said_bye", spy)
     assert not any(t.name == "stoker-reaper" for t in threading.enumerate())
     assert len(list(DataLoader(_Rows(np.arange(8)), batch_size=2, num_workers=2))) == 4
     assert seen == [True, True]
@@ -104,7 +104,7 @@ def test_fifty_epochs_with_persistent_workers_do_not_grow(mode: str) -> None:
             pass
         shm.append(loader.statistics().shared_memory_bytes)
         if epoch in (9, 49):
-            pids = loader._iterator._pool.started_pids()
+            pids = loader._iterator._pool.gauges().pids
             seen.append(([_rss_bytes(pid) for pid in pids], _rss_bytes(os.getpid())))
     assert max(shm[40:]) <= max(shm[5:15]) + (4 << 20)
     (workers_early, main_early), (workers_late, main_late) = seen

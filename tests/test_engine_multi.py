@@ -219,6 +219,45 @@ def test_persistent_thread_workers_see_a_dataset_start_drawing() -> None:
     assert _two_epochs(**kw) == expected
 
 
+class _CountedDraws:
+    """64 samples ``[i, draw]``, the draw from ``source``'s global RNG; each
+    ``__getitem__`` call is recorded in ``calls`` (a list: appends are safe from threads)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.calls: list[int] = []
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        self.calls.append(i)
+        if self.source == "random":
+            draw = random.random()
+        elif self.source == "numpy":
+            draw = float(np.random.random())
+        else:
+            draw = float(__import__("torch").rand(()).item())
+        return np.array([float(i), draw])
+
+
+@pytest.mark.parametrize("source", ["random", "numpy", "torch"])
+def test_thread_workers_load_each_drawing_sample_once(source: str) -> None:
+    """A dataset that draws from a global RNG: each epoch of persistent thread workers
+    calls ``__getitem__`` once per sample (not the first batches again, seeded), and the
+    batches equal those loaded in process."""
+    if source == "torch":
+        pytest.importorskip("torch")
+    kw: dict[str, Any] = {"batch_size": 8, "shuffle": True, "generator": 6}
+    ref = DataLoader(_CountedDraws(source), **kw)
+    ds = _CountedDraws(source)
+    loader = DataLoader(ds, num_workers=2, worker_mode="thread", persistent_workers=True, **kw)
+    for _ in range(2):
+        ds.calls.clear()
+        assert [b.tolist() for b in loader] == [b.tolist() for b in ref]
+        assert sorted(ds.calls) == list(range(64))
+
+
 def test_thread_workers_hand_the_main_threads_rng_streams_back() -> None:
     """After thread workers seeded the process's RNGs for batches, the main thread's streams
     follow its own seeds again: torch's (which these samples do not draw from) is exactly
@@ -339,7 +378,7 @@ def test_slots_are_reused_not_grown() -> None:
     for _ in range(2):
         for _batch in loader:
             pass
-    arena_segments = loader._iterator._pool.workers[0].maps._maps
+    arena_segments = loader._iterator._pool.workers[0].slots.maps._maps
     assert 1 <= len(arena_segments) <= 2 + 4  # + held, in transit
     del loader, arena_segments
 
@@ -644,10 +683,10 @@ def test_slow_first_batch_starts_every_worker_in_the_next_epoch() -> None:
         _SlowFirstBatch(), batch_size=2, num_workers=2, multiprocessing_context="fork"
     )
     it = iter(loader)
-    assert len(it._pool.started_pids()) == 1
+    assert len(it._pool.gauges().pids) == 1
     assert len(list(it)) == 4
     it = iter(loader)
-    assert len(it._pool.started_pids()) == 2
+    assert len(it._pool.gauges().pids) == 2
     assert len(list(it)) == 4
 
 

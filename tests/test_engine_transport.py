@@ -16,10 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stoker._engine._errors import RemoteError
 from stoker._engine._messages import (
+    BatchSeed,
     Bye,
     Exhausted,
     Failed,
+    GroupSeeds,
     Inited,
     Ready,
     Shipped,
@@ -29,20 +32,10 @@ from stoker._engine._messages import (
     from_wire,
     to_wire,
 )
-from stoker._engine._shm import Arena, SegmentMaps, unlink_prefix
-from stoker._engine._transport import (
-    Inbox,
-    Outbox,
-    RemoteError,
-    decode,
-    dumps,
-    encode,
-    frame,
-    framed,
-    pack_tasks,
-    send,
-    unpack_task,
-)
+from stoker._engine._pipe import Inbox, Outbox, dumps, frame, framed, pack_tasks, send, unpack_task
+from stoker._engine._segments import SegmentMaps, unlink_prefix
+from stoker._engine._shm import Arena
+from stoker._engine._transport import decode, encode
 
 _WAIT_S = 5.0
 """Bound of every wait for a pipe (a held result is written within a millisecond)."""
@@ -168,7 +161,7 @@ def _every_message() -> list[Any]:
     return [
         Shipped(3, 7, slot, refs, ["stoker_1_ab_0_2"], 0.001, None, True),
         Shipped(3, 8, slot, b"pickled", [], 0.002, [None, ([1], [], False)], None, True),
-        Work(pack_tasks([Task(1, 0, np.arange(4), 9)]), [2, 3]),
+        Work(pack_tasks([Task(1, 0, np.arange(4), BatchSeed(9))]), [2, 3]),
         Exhausted(3, 9),
         Failed(3, 10, err),
         Ready(),
@@ -208,9 +201,9 @@ def test_messages_cross_the_wire_as_themselves(msg: Any) -> None:
     ids=["int64", "int32", "uint16", "list", "float"],
 )
 def test_packed_tasks_unpack_to_the_same_indices(task: Any) -> None:
-    (packed,) = pack_tasks([Task(2, 5, task, 11)])
+    (packed,) = pack_tasks([Task(2, 5, task, BatchSeed(11))])
     out = unpack_task(pickle.loads(pickle.dumps(packed)))
-    assert (out.generation, out.idx, out.seed, out.packing) == (2, 5, 11, None)
+    assert (out.generation, out.idx, out.seed, out.packing) == (2, 5, BatchSeed(11), None)
     assert type(out.task) is type(task)
     if isinstance(task, np.ndarray):
         assert out.task.dtype == task.dtype and out.task.flags.writeable
@@ -227,9 +220,9 @@ def test_packed_tasks_unpack_to_the_same_indices(task: Any) -> None:
     ids=["joined", "mixed", "one"],
 )
 def test_a_packed_group_unpacks_to_its_tasks(tasks: list[Any]) -> None:
-    (packed,) = pack_tasks([Task(1, 0, tasks, (9, 1, list(range(len(tasks)))))])
+    (packed,) = pack_tasks([Task(1, 0, tasks, GroupSeeds(9, 1, list(range(len(tasks)))))])
     out = unpack_task(packed)
-    assert out.seed == (9, 1, list(range(len(tasks))))
+    assert out.seed == GroupSeeds(9, 1, list(range(len(tasks))))
     assert len(out.task) == len(tasks)
     for got, want in zip(out.task, tasks, strict=True):
         assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stoker._engine._errors import RemoteError
 from stoker._engine._tail import Splits
-from stoker._engine._transport import RemoteError
 from stoker._engine._window import Failure, ReorderWindow
 
 

@@ -67,3 +67,14 @@ def test_the_worker_iterator_reads_in_one_sitting() -> None:
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef)]
     assert cls.name == "MultiWorkerIterator"
     assert cls.end_lineno is not None and cls.end_lineno - cls.lineno + 1 < 250
+
+
+def test_no_engine_module_is_over_500_lines() -> None:
+    """Each module of ``stoker._engine`` holds one concept and reads in a sitting: at most
+    500 lines (issue #33 split the pool, the worker, the transport and shared memory)."""
+    long = {
+        path.name: n
+        for path in sorted((SRC / "_engine").glob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500
+    }
+    assert long == {}, long

@@ -1,10 +1,12 @@
 """stoker's modules import each other one way: the graph, read from the sources, has no cycle.
 
 Every ``import`` and ``from ... import`` of a stoker module counts, at module level and
-inside functions alike (a deferred import is still a dependency). Not counted: imports
-under ``if TYPE_CHECKING:`` (they never run, and exist only for annotations), and the
-implicit import of a module's parent packages (``stoker``'s ``__init__`` imports most
-modules, and every module is inside it; that is not a dependency of one part on another).
+inside functions alike (a deferred import is still a dependency). Imports under
+``if TYPE_CHECKING:`` (they never run, and exist only for annotations) count in a second
+graph, which must be acyclic too: a type-only cycle is still two modules that need each
+other to be read. Not counted: the implicit import of a module's parent packages
+(``stoker``'s ``__init__`` imports most modules, and every module is inside it; that is
+not a dependency of one part on another).
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST, package: str) -> set[tuple[str, str]]:
-    """(module, name) for each name this module imports (not under TYPE_CHECKING); name is
-    "" for ``import module``."""
+def _imports(tree: ast.AST, package: str, type_only: bool = False) -> set[tuple[str, str]]:
+    """(module, name) for each name this module imports (under TYPE_CHECKING too, with
+    ``type_only``); name is "" for ``import module``."""
     found: set[tuple[str, str]] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_only:
             for child in node.orelse:
                 visit(child)
             return
@@ -59,8 +61,9 @@ def _imports(tree: ast.AST, package: str) -> set[tuple[str, str]]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """stoker module -> the stoker modules it imports.
+def import_graph(type_only: bool = False) -> dict[str, set[str]]:
+    """stoker module -> the stoker modules it imports (``type_only``: counting the imports
+    under TYPE_CHECKING too).
 
     ``from package import name`` depends on the submodule ``package.name`` where there is
     one (a C extension's too, which imports nothing back), else on the package itself.
@@ -72,7 +75,7 @@ def import_graph() -> dict[str, set[str]]:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         deps: set[str] = set()
-        for module, member in _imports(tree, package):
+        for module, member in _imports(tree, package, type_only):
             sub = f"{module}.{member}"
             if member and (sub in paths or sub in extensions):
                 deps.add(sub)
@@ -138,4 +141,15 @@ def test_stoker_imports_have_no_cycle() -> None:
             "stoker's modules must import one way (loader -> engine -> pure parts), but "
             f"they import in a cycle: {' -> '.join(cycle)}. Move what both need into a "
             "module that neither imports back, or hand it in as an argument."
+        )
+
+
+def test_stoker_imports_have_no_cycle_counting_type_only_ones() -> None:
+    cycle = find_cycle(import_graph(type_only=True))
+    if cycle is not None:
+        pytest.fail(
+            "stoker's modules must not need each other even for annotations, but their "
+            f"imports (those under TYPE_CHECKING counted) form a cycle: {' -> '.join(cycle)}. "
+            "Move the type both name into a module that neither imports back, or describe "
+            "what is needed with a Protocol in the module that uses it."
         )

@@ -85,7 +85,7 @@ def test_del_loader_stops_persistent_workers_with_the_collector_off(mode: str) -
             for epoch in range(2):
                 for b in loader:
                     pass
-            pids = loader._iterator._pool.started_pids()
+            pids = loader._iterator._pool.gauges().pids
             ref = weakref.ref(loader)
             del loader, b
             print("loader freed:", ref() is None)
@@ -409,6 +409,7 @@ def test_a_loader_with_persistent_workers_copies_without_them() -> None:
 def test_loader_sampler_is_a_torch_sampler_where_torchs_is(kind: str) -> None:
     """``loader.sampler`` beside a given batch_sampler (torch's SequentialSampler) and over
     an IterableDataset (torch's _InfiniteConstantSampler): of torch's class, as torch's."""
+
     def make(cls: Any) -> Any:
         if kind == "iterable":
             return cls(_Shards(cls is st.DataLoader), batch_size=2)

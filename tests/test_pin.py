@@ -18,7 +18,7 @@ import pytest
 
 import stoker
 from gpu.run_gpu_checks import DictSamples, Pair, copies_read_their_own_batch, tensor_leaves
-from stoker._engine import _pin, _shm
+from stoker._engine import _pin, _segments
 
 torch = pytest.importorskip("torch")
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin  # noqa: E402
@@ -118,7 +118,7 @@ def test_without_an_accelerator_one_warning_and_unpinned_batches(
         warnings.simplefilter("always")
         it = iter(loader)
         if mode == "process":
-            assert all(w.maps.pins is None for w in it._pool.workers)  # type: ignore[attr-defined]
+            assert all(w.slots.maps.pins is None for w in it._pool.workers)  # type: ignore[attr-defined]
         first = list(it)
         second = list(loader)
     ours = [w for w in seen if "pin_memory" in str(w.message)]
@@ -156,7 +156,7 @@ def test_slots_are_registered_only_for_cuda() -> None:
     CUDA is called), and slot maps free their slots directly."""
     assert _pin.slot_pins(None) is None
     assert _pin.slot_pins("mps") is None
-    maps = _shm.SegmentMaps()
+    maps = _segments.SegmentMaps()
 
     def free(sid: int) -> None:
         pass
@@ -198,7 +198,7 @@ def test_process_slots_are_registered_once_and_batches_not_copied() -> None:
             assert torch.equal(
                 x.to("cuda", non_blocking=True).cpu(), ds.tensors[0][8 * k : 8 * k + 8]
             )
-    pins = it._pool.workers[0].maps.pins  # type: ignore[attr-defined]
+    pins = it._pool.workers[0].slots.maps.pins  # type: ignore[attr-defined]
     assert pins is not None and pins.failure is None and pins.registered > 0
     assert _pin.in_registered_slot(x.data_ptr())  # the leaf is the slot's memory: no copy
 

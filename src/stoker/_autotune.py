@@ -2,11 +2,11 @@
 
 One :class:`Autotuner` per loader, kept across epochs. From a worker's first samples (a
 :class:`~stoker._engine._messages.Probe`): a fetch of ``w`` seconds, ``c`` of them CPU,
-keeps ``c / w`` of a CPU busy, so slow batches go straight to ``(CPUs + _CPU_SLACK) / (c /
+keeps ``c / w`` of a CPU busy, so slow batches go straight to ``(CPUs + CPU_SLACK) / (c /
 w)`` workers, within capacity, the epoch's batches and memory; a first batch that loads in
 the main process quicker than a worker hands it over moves loading there. Then, per window
 of batches, workers are added as the consumer's wait predicts until that gains under
-``_MIN_GAIN``. ``worker_mode="auto"`` keeps threads where a fetch mostly waits or threads
+``MIN_GAIN``. ``worker_mode="auto"`` keeps threads where a fetch mostly waits or threads
 side by side use more CPU than one, else processes (switching at the epoch's start if no
 batch is out). Idle epochs may bring an in-process trial. Batch ``k`` is seeded from
 (seed, epoch, k), so output never depends on this. Decisions: ``statistics().autotune``;
@@ -23,7 +23,27 @@ from typing import TYPE_CHECKING, NamedTuple
 from stoker import _osprobe
 from stoker._cache import shm_room_bytes
 from stoker._osprobe import available_cpus, idle_cpus, idle_ticks, tree_cpu_seconds
-from stoker._policy import IN_PROCESS_NOW_S, prefetch_of, threads_suffice
+from stoker._policy import (
+    BUSY_SHARE,
+    CPU_SLACK,
+    IN_PROCESS_NOW_S,
+    INPUT_BOUND,
+    JUMP_BATCH_S,
+    MAX_CAPACITY,
+    MAX_GROWTH,
+    MAX_PREFETCH,
+    MEASURE_BELOW_S,
+    MEMORY_BUDGET_BYTES,
+    MEMORY_BUDGET_SHARE,
+    MIN_EPOCH_BATCHES,
+    MIN_GAIN,
+    MIN_WINDOW_BATCHES,
+    MIN_WINDOW_S,
+    RETRY_AFTER,
+    WORKERS_PER_CPU,
+    prefetch_of,
+    threads_suffice,
+)
 
 if TYPE_CHECKING:
     from stoker._engine._messages import Probe
@@ -31,53 +51,23 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 
-MEMORY_BUDGET_BYTES = 2 << 30
-"""The memory the autotuner always lets batches in flight take (see :func:`memory_budget`)."""
-MEMORY_BUDGET_SHARE = 0.25
-"""The share of the memory available to this process that batches in flight may take."""
+class Step(NamedTuple):
+    """What the tuner decided after a worker's probe or a window of batches: start
+    ``add`` more of the pool's workers now, ``deepen`` the prefetch window by one task per
+    worker, or load the rest of the epoch, and the epochs after, ``in_process``; all false:
+    change nothing (:data:`KEEP`)."""
 
-KEEP = 0
-"""Decision: change nothing."""
-ADD_PREFETCH = -1
-"""Decision: allow one more task in flight per worker (a positive decision: start that
-many more workers)."""
-IN_PROCESS_NOW = -2
-"""Decision: load the rest of the epoch, and the epochs after, in the main process."""
+    add: int = 0
+    deepen: bool = False
+    in_process: bool = False
 
-_INPUT_BOUND = 0.20
-"""The consumer must wait at least this fraction of a window for more workers to help."""
-_MIN_GAIN = 0.05
-"""An addition must raise batches/s by this fraction to be followed by another."""
-_MIN_WINDOW_S = 0.05
-"""Shortest window: shorter ones measure noise."""
-_MIN_WINDOW_BATCHES = 2
-"""Fewest batches in a window (a window also spans one batch per worker)."""
-_MAX_PREFETCH = 8
-"""The deepest prefetch window ``prefetch_factor="auto"`` goes to."""
-_MAX_GROWTH = 4
-"""At most this factor more workers in one decision."""
-_CPU_SLACK = 0.25
-"""How far (in CPUs) the predicted use may exceed the CPUs available."""
-_WORKERS_PER_CPU = 4
-"""Capacity: process workers per CPU (waiting workers use little CPU; measuring decides)."""
-_MAX_CAPACITY = 32
-"""At most this many workers, whatever the CPU count."""
-_MEASURE_BELOW_S = 0.002
-"""A first batch (cold: a worker's first) faster than this is timed in the main process
-too, to see whether it loads under :data:`~stoker._policy.IN_PROCESS_NOW_S` there; a
-slower one surely does not, and timing it would cost more than it could save."""
-_JUMP_BATCH_S = 0.02
-"""A batch the probe says loads slower than this sends the count straight to the model's:
-an epoch may be over before windows of such batches reach it. Faster batches are tuned by
-windows, which then take milliseconds and also see how fast the consumer takes batches."""
-_MIN_EPOCH_BATCHES = 8
-"""Fewest batches an epoch needs to count in the in-process comparison."""
-_BUSY_SHARE = 0.8
-"""Workers busier than this share of an epoch are the bottleneck: more, not none, help."""
-_RETRY_AFTER = 2
-"""Epochs with workers after a lost in-process trial before another (twice as many after
-each loss): one trial epoch slowed by something else on the machine does not decide for
-good, and a dataset that really loads slower in process costs a trial epoch ever more rarely."""
+
+KEEP = Step()
+"""Change nothing."""
+ADD_PREFETCH = Step(deepen=True)
+"""Allow one more task in flight per worker."""
+IN_PROCESS_NOW = Step(in_process=True)
+"""Load the rest of the epoch, and the epochs after, in the main process."""
 
 
 class EpochFigures(NamedTuple):
@@ -153,7 +143,7 @@ class Autotuner:
         self._batched, self._looked = batched, False
         self._trial: tuple[int, float] | None = None  # (workers, seconds per batch) before
         self._wait = 0  # epochs with workers before another trial, after a lost one
-        self._retry_after = _RETRY_AFTER
+        self._retry_after = RETRY_AFTER
 
     @classmethod
     def for_settings(
@@ -175,7 +165,7 @@ class Autotuner:
         tune_prefetch = prefetch_factor == "auto"
         mode, tune_mode, no_shm = _first_mode(worker_mode, iterable, batched)
         if tune_workers:
-            capacity = min(_MAX_CAPACITY, max(2, _WORKERS_PER_CPU * cpus))
+            capacity = min(MAX_CAPACITY, max(2, WORKERS_PER_CPU * cpus))
             # One per CPU where no sample is timed before a whole batch: what the model
             # predicts for batches that compute; those that wait get more at the probe.
             workers = min(cpus, capacity) if batched else 1
@@ -223,7 +213,7 @@ class Autotuner:
         p: Probe,
         batches_left: int | None,
         load_in_process: Callable[[], float | None] | None = None,
-    ) -> int:
+    ) -> Step:
         """A worker's first samples are timed: go to the count the model predicts (module
         docstring), or in process, and, with ``worker_mode="auto"``, choose the mode.
         Returns the workers to add now, or :data:`IN_PROCESS_NOW`; only the first probe
@@ -250,21 +240,21 @@ class Autotuner:
         more = max(0, want - self.workers)
         if self.tune_workers and not more and "/dev/shm" in why:
             self.decide(f"keep {self.workers} workers from the first samples: {why}")
-        if not (self.tune_workers and more) or p.wall * p.batch_len < _JUMP_BATCH_S:
+        if not (self.tune_workers and more) or p.wall * p.batch_len < JUMP_BATCH_S:
             return KEEP
         self.decide(
             f"{self.workers + more} workers (+{more}) from the first samples: one takes "
             f"{p.wall * 1e3:.3g} ms, {share:.0%} of it CPU; {why}"
         )
         self.workers += more
-        return more
+        return Step(add=more)
 
     def _in_process_now(
         self, first_s: float, load_in_process: Callable[[], float | None] | None
     ) -> bool:
         """Whether a first batch of ``first_s`` seconds loads so fast in the main process
         that the rest of the epoch and the next ones load there at once."""
-        if not (self._in_process and self.tune_workers and first_s < _MEASURE_BELOW_S):
+        if not (self._in_process and self.tune_workers and first_s < MEASURE_BELOW_S):
             return False
         load = load_in_process() if load_in_process is not None else None
         if load is None or load >= IN_PROCESS_NOW_S:
@@ -287,7 +277,7 @@ class Autotuner:
         """Time the first batch in process (see :attr:`first_look`); whether it loads so
         fast that the loader stays in process from the start."""
         self._looked = True
-        return self._in_process_now(0.0, lambda: first_load_s(_MEASURE_BELOW_S))
+        return self._in_process_now(0.0, lambda: first_load_s(MEASURE_BELOW_S))
 
     def next_mode(self) -> str:
         """The mode of the iterator the loader makes next: a switch the probe chose takes
@@ -304,7 +294,7 @@ class Autotuner:
         """The count the model predicts for a fetch using ``share`` of a CPU, and why."""
         cpus = available_cpus()
         limits = {
-            f"{cpus} CPUs": int((cpus + _CPU_SLACK) / max(share, 1 / _MAX_CAPACITY)),
+            f"{cpus} CPUs": int((cpus + CPU_SLACK) / max(share, 1 / MAX_CAPACITY)),
             f"a capacity of {self.capacity}": self.capacity,
         }
         if batches_left is not None:
@@ -342,7 +332,7 @@ class Autotuner:
         self._changed = False
         self._rate = None
 
-    def step(self, rec: StatsRecorder, pids: list[int]) -> int:
+    def step(self, rec: StatsRecorder, pids: list[int]) -> Step:
         """After a delivered batch: :data:`KEEP`, :data:`ADD_PREFETCH`, or workers to add.
 
         Args:
@@ -357,7 +347,7 @@ class Autotuner:
             self._open(rec, pids)
             return KEEP
         dt = now - t0
-        if dt < _MIN_WINDOW_S:
+        if dt < MIN_WINDOW_S:
             self._due = rec.batches + 1
             return KEEP
         rate = (rec.batches - batches) / dt
@@ -365,12 +355,12 @@ class Autotuner:
         cpu_used = (tree_cpu_seconds(pids) - cpu0) / dt
         idle = idle_cpus(self._idle_mark, idle_ticks())
         self._batch_bytes = max(self._batch_bytes, rec.bytes // max(1, rec.batches))
-        if self._changed and self._rate is not None and rate < self._rate * (1 + _MIN_GAIN):
+        if self._changed and self._rate is not None and rate < self._rate * (1 + MIN_GAIN):
             return self._settle(
                 f"stop at {self.workers} workers, prefetch {self.prefetch}: the last change "
                 f"gave {rate:.3g} batches/s against {self._rate:.3g} before"
             )
-        if waited < _INPUT_BOUND:
+        if waited < INPUT_BOUND:
             return self._settle(
                 f"keep {self.workers} workers, prefetch {self.prefetch}: the consumer waits "
                 f"{waited:.0%} of the time ({rate:.3g} batches/s)"
@@ -385,8 +375,8 @@ class Autotuner:
                 f"time ({rate:.3g} batches/s, loader CPU use {cpu_used:.2f})"
             )
             self._open(rec, pids, skip=self.workers)
-            return more
-        if self.tune_prefetch and self.prefetch < _MAX_PREFETCH and not self._memory_short(0):
+            return Step(add=more)
+        if self.tune_prefetch and self.prefetch < MAX_PREFETCH and not self._memory_short(0):
             self.prefetch += 1
             self._changed = True
             self.decide(
@@ -421,7 +411,7 @@ class Autotuner:
                 (or then) the workers' mean busy time per batch stands for it. Called only
                 when the workers were idle enough for the answer to matter.
         """
-        if not self._in_process or epoch.batches < _MIN_EPOCH_BATCHES:
+        if not self._in_process or epoch.batches < MIN_EPOCH_BATCHES:
             return
         per_batch = epoch.per_batch
         if self.workers == 0:  # the trial epoch
@@ -443,11 +433,11 @@ class Autotuner:
             self._wait -= 1
             return
         busy = epoch.load / (self.workers * per_batch)
-        if busy >= _BUSY_SHARE:  # the workers are the bottleneck: measuring could not help
+        if busy >= BUSY_SHARE:  # the workers are the bottleneck: measuring could not help
             return
         measured = load_in_process() if load_in_process is not None else None
         load = epoch.load if measured is None else measured
-        if (load + epoch.loop) * (1 + _MIN_GAIN) < per_batch:
+        if (load + epoch.loop) * (1 + MIN_GAIN) < per_batch:
             self._trial = (self.workers, per_batch)
             self.workers = 0
             self.decide(
@@ -464,9 +454,9 @@ class Autotuner:
             return
         self._mark = (rec.batches, rec.last, rec.wait, tree_cpu_seconds(pids))
         self._idle_mark = idle_ticks()
-        self._due = rec.batches + max(_MIN_WINDOW_BATCHES, self.workers)
+        self._due = rec.batches + max(MIN_WINDOW_BATCHES, self.workers)
 
-    def _settle(self, text: str) -> int:
+    def _settle(self, text: str) -> Step:
         self.settled = True
         self.decide(text)
         return KEEP
@@ -475,17 +465,17 @@ class Autotuner:
         """How many workers to add now (see the module docstring), and if none, why not."""
         if not self.tune_workers:
             return 0, "the worker count is fixed"
-        wanted = math.ceil(self.workers / max(1.0 - waited, 1 / _MAX_GROWTH))
+        wanted = math.ceil(self.workers / max(1.0 - waited, 1 / MAX_GROWTH))
         more = min(max(1, wanted - self.workers), self.capacity - self.workers)
         if more <= 0:
             return 0, f"all {self.capacity} workers run"
         cpus = available_cpus()
         per_worker = max(cpu_used / max(1, self.workers), 1e-3)
-        more = min(more, int((cpus + _CPU_SLACK - cpu_used) / per_worker))
+        more = min(more, int((cpus + CPU_SLACK - cpu_used) / per_worker))
         if more <= 0:
             return 0, f"CPU is short ({cpu_used:.2f} of {cpus} CPUs in use)"
         if idle_cpus is not None:  # other programs may take the CPUs the loader does not
-            more = min(more, int((idle_cpus + _CPU_SLACK) / per_worker))
+            more = min(more, int((idle_cpus + CPU_SLACK) / per_worker))
             if more <= 0:
                 return 0, f"CPU is short (the machine has {idle_cpus:.2f} CPUs idle)"
         short = self._memory_short(more)

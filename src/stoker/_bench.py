@@ -210,7 +210,7 @@ def _stream(loader: Any, epochs: list[int]) -> Generator[Any, None, None]:
         finally:
             # Stop the workers now, not at garbage collection, so that they do not compete
             # with the next configuration for the CPUs.
-            shutdown = getattr(it, "_shutdown", None)
+            shutdown = getattr(it, "shutdown", None)  # a worker-backed iterator's
             if shutdown is not None:
                 shutdown()
         if not got:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -31,15 +30,12 @@ import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from stoker import _cache_entry, _osprobe
 from stoker._worker_info import get_worker_info
-
-if TYPE_CHECKING:
-    from stoker._stats import LoaderStatistics
 
 try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
     import _posixshmem  # type: ignore[import-not-found]
@@ -814,9 +810,3 @@ def find(dataset: Any, depth: int = 3) -> CachedDataset | None:
         if found is not None:
             return found
     return None
-
-
-def with_cache(stats: LoaderStatistics, dataset: Any) -> LoaderStatistics:
-    """``stats`` with the statistics of the dataset's cache filled in."""
-    cache = find(dataset)
-    return stats if cache is None else dataclasses.replace(stats, cache=cache.statistics())

@@ -28,7 +28,7 @@ import numpy as np
 from stoker._dataset import IterableDataset
 from stoker._elastic import Layout, check_elastic, checked_batch_size, deal
 from stoker._random import SampleSeeds, rng
-from stoker._sampler import _U64, IndexArray, Sampler, _fast_iter, _is_int, check_state, state_int
+from stoker._sampler import U64, IndexArray, Sampler, check_state, fast_iter, is_int, state_int
 from stoker._worker_info import get_worker_info
 
 T_co = TypeVar("T_co", covariant=True)
@@ -78,7 +78,7 @@ def check_world(who: str, num_replicas: int | None, rank: int | None) -> tuple[i
             "WORLD_SIZE and RANK environment variables (torchrun does)."
         )
     for name, value in (("num_replicas", num_replicas), ("rank", rank)):
-        if not _is_int(value):
+        if not is_int(value):
             raise TypeError(f"{name} must be an integer, got {value!r}.")
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be a positive integer, got {num_replicas}.")
@@ -135,7 +135,7 @@ class DistributedSampler(Sampler[int]):
         elastic: bool = False,
     ) -> None:
         num_replicas, rank = check_world("DistributedSampler", *find_world(num_replicas, rank))
-        if not _is_int(seed):
+        if not is_int(seed):
             raise TypeError(f"seed must be an integer, got {seed!r}.")
         if not isinstance(even, bool):
             raise TypeError(f"even must be a bool, got {even!r}; pass True or False.")
@@ -187,7 +187,7 @@ class DistributedSampler(Sampler[int]):
 
     def sample_seeds(self) -> Callable[[int], SampleSeeds]:
         """Batch ``k`` of this rank -> its samples' seeds, for the epoch now set (elastic)."""
-        seed, epoch, start = self.seed % _U64, operator.index(self.epoch) % _U64, self._layout.start
+        seed, epoch, start = self.seed % U64, operator.index(self.epoch) % U64, self._layout.start
         return lambda k: SampleSeeds(seed=seed, epoch=epoch, start=start(k))
 
     def set_epoch(self, epoch: int) -> None:
@@ -199,7 +199,7 @@ class DistributedSampler(Sampler[int]):
         Raises:
             TypeError: ``epoch`` is not an integer.
         """
-        if not _is_int(epoch):
+        if not is_int(epoch):
             raise TypeError(f"epoch must be an integer, got {epoch!r}.")
         self.epoch = int(epoch)
 
@@ -218,9 +218,9 @@ class DistributedSampler(Sampler[int]):
 
     def _permutation(self, n: int) -> IndexArray:
         """The epoch's shuffled order of ``n`` indices, the same on every rank."""
-        return rng(self.seed % _U64, operator.index(self.epoch) % _U64).permutation(n)
+        return rng(self.seed % U64, operator.index(self.epoch) % U64).permutation(n)
 
-    @_fast_iter
+    @fast_iter
     def __iter__(self) -> Iterator[int]:
         return iter(self._epoch_indices().tolist())
 
@@ -347,7 +347,7 @@ class ShardedIterable(IterableDataset[T_co]):
             found = (1, 0)
         if not isinstance(elastic, bool):
             raise TypeError(f"elastic must be a bool, got {elastic!r}; pass True or False.")
-        if not _is_int(seed):
+        if not is_int(seed):
             raise TypeError(f"seed must be an integer, got {seed!r}.")
         self.dataset = dataset
         self.num_replicas, self.rank = check_world("ShardedIterable", *found)
@@ -360,7 +360,7 @@ class ShardedIterable(IterableDataset[T_co]):
         Raises:
             TypeError: ``epoch`` is not an integer.
         """
-        if not _is_int(epoch):
+        if not is_int(epoch):
             raise TypeError(f"epoch must be an integer, got {epoch!r}.")
         self.epoch = int(epoch)
 
@@ -382,7 +382,7 @@ class ShardedIterable(IterableDataset[T_co]):
         if self.elastic:
             b = self.batch_size or 1
             place = Layout(total=0, replicas=self.num_replicas, rank=self.rank, batch=b)
-            seeds = SampleSeeds(seed=self.seed % _U64, epoch=self.epoch % _U64, start=0)
+            seeds = SampleSeeds(seed=self.seed % U64, epoch=self.epoch % U64, start=0)
             return deal(iter(self.dataset), place, worker_id, num_workers, seeds)
         start = worker_id * self.num_replicas + self.rank
         return itertools.islice(iter(self.dataset), start, None, self.num_replicas * num_workers)

@@ -8,21 +8,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from stoker._batch import Alloc, set_output_alloc
-from stoker._collate import DefaultCollate
 from stoker._dataset import draws_nothing
+from stoker._policy import only_stoker_code
 from stoker._random import SampleSeeds, seed_globals
 from stoker._stateful import is_stateful, resumed_iterator, take_state
 
 CollateFn = Callable[[Any], Any]
 MapFn = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
-Skipped = tuple[list[Any], str, bool]
-"""What a fetch skipped: the failing sample indices, the first error (``"Type: message"``),
-and whether the whole batch was dropped."""
+
+
+class Skipped(NamedTuple):
+    """What a fetch skipped: the failing sample ``indices``, the first ``error``
+    (``"Type: message"``), and whether the whole batch was ``dropped``."""
+
+    indices: list[Any]
+    error: str
+    dropped: bool
+
+
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ class MapFetcher:
         self.skip_errors = skip_errors
         # Whether a fetch may draw from the global RNGs, so that each batch is seeded from
         # (seed, epoch, k) first; stoker's array datasets and default collate draw nothing.
-        self.draws = not (type(collate_fn) is DefaultCollate and draws_nothing(dataset))
+        self.draws = not only_stoker_code(dataset, collate_fn)
         self._samples_draw = not draws_nothing(dataset)  # seeded one by one when placed
 
     def fetch(self, index: Any, alloc: Alloc | None = None) -> Any:
@@ -147,7 +155,7 @@ class MapFetcher:
         """
         if not self.auto_collation:
             one = int(index) if isinstance(index, (int, np.integer)) else index
-            return None, ([one], _error_text(batch_error), True)
+            return None, Skipped(indices=[one], error=_error_text(batch_error), dropped=True)
         if type(index) is PlacedTask:
             pairs = _seeded(index)
         else:
@@ -164,7 +172,7 @@ class MapFetcher:
                 first = first or _error_text(exc)
         if not failed:  # the batch failed as a whole but each sample loads: not skippable
             raise batch_error
-        return data or None, (failed, first, not data)
+        return data or None, Skipped(indices=failed, error=first, dropped=not data)
 
     def _one(self, i: int, seed: int | None) -> Any:
         """Sample ``i`` as a batch of one, fetched alone (through ``__getitems__`` where
@@ -206,6 +214,11 @@ class IterableFetcher:
         self.ended = False
         self.resume: dict[str, Any] | None = None
         self.stateful = is_stateful(dataset)
+
+    def restart(self) -> None:
+        """Start the dataset's iteration afresh at the next fetch (a new epoch)."""
+        self._it = None
+        self.ended = False
 
     def state(self) -> dict[str, Any]:
         """The state of the dataset and its iterator after the last batch fetched."""

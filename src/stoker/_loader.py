@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
-from stoker import _cache, _random
+from stoker import _random
 from stoker._collate import DefaultCollate, check_tensor_type
 from stoker._dataset import is_iterable_dataset
 from stoker._distributed import DistributedSampler, ShardedIterable
@@ -38,7 +38,7 @@ from stoker._sampler import (
 )
 from stoker._state import STATE_VERSION, Epoch, check_state
 from stoker._stateful import StreamLog, is_stateful
-from stoker._stats import LoaderStatistics, empty
+from stoker._stats import LoaderStatistics, empty, with_cache
 from stoker.errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -705,7 +705,7 @@ class DataLoader(Generic[T_co]):
                 is_stateful(self.dataset) and self.num_workers != "auto"
             )
             snapshot = dataclasses.replace(snapshot, resume="state" if stateful else "replay")
-        return _cache.with_cache(snapshot, self.dataset)
+        return with_cache(snapshot, self.dataset)
 
     def _autotuner(self) -> Autotuner | None:
         """The loader's autotuner: when ``num_workers`` or ``prefetch_factor`` is "auto", or

@@ -28,6 +28,20 @@ from stoker._dataset import draws_nothing
 # -- who may see the assignment, and the in-process fallback ----------------------------
 
 
+def is_default_collate(collate_fn: Any) -> bool:
+    """Whether ``collate_fn`` is stoker's own default collate, not a subclass (which may
+    run code of the user's, and whose batches may not join)."""
+    return type(collate_fn) is DefaultCollate
+
+
+def only_stoker_code(dataset: Any, collate_fn: Any) -> bool:
+    """Whether loading a batch runs only stoker's code: a dataset that surely draws
+    nothing (:func:`~stoker._dataset.draws_nothing`) batched by stoker's default collate.
+    Nothing of the user's runs then, so nothing draws from the global RNGs or sees which
+    worker loads what: the one test of it (fetchers, assignment, the in-process trial)."""
+    return is_default_collate(collate_fn) and draws_nothing(dataset)
+
+
 def assigns_freely(
     dataset: Any, collate_fn: Any, iterable: bool, init_fn: Callable[[int], None] | None
 ) -> bool:
@@ -40,9 +54,10 @@ def assigns_freely(
     ``_stoker_worker_agnostic = True`` (its samples depend neither on the worker nor on
     the timing), with stoker's default collate and no ``worker_init_fn``.
     """
-    if iterable or init_fn is not None or type(collate_fn) is not DefaultCollate:
+    if iterable or init_fn is not None:
         return False
-    return draws_nothing(dataset) or getattr(type(dataset), "_stoker_worker_agnostic", 0) is True
+    agnostic = getattr(type(dataset), "_stoker_worker_agnostic", 0) is True
+    return only_stoker_code(dataset, collate_fn) or (is_default_collate(collate_fn) and agnostic)
 
 
 def balances_load(free: bool, tuned: bool, iterable: bool) -> bool:
@@ -256,6 +271,49 @@ def threads_suffice(waiting: float, threads: int, speedup: float) -> tuple[bool,
     if speedup >= GIL_FREE_SPEEDUP:
         return True, f"{side}: the fetch releases the GIL"
     return False, f"{side}: the fetch holds the GIL"
+
+
+# -- the autotuner: its memory budget, windows, jumps and in-process trials ---------------
+
+MEMORY_BUDGET_BYTES = 2 << 30
+"""The memory the autotuner always lets batches in flight take (see :func:`memory_budget`)."""
+MEMORY_BUDGET_SHARE = 0.25
+"""The share of the memory available to this process that batches in flight may take."""
+
+INPUT_BOUND = 0.20
+"""The consumer must wait at least this fraction of a window for more workers to help."""
+MIN_GAIN = 0.05
+"""An addition must raise batches/s by this fraction to be followed by another."""
+MIN_WINDOW_S = 0.05
+"""Shortest window: shorter ones measure noise."""
+MIN_WINDOW_BATCHES = 2
+"""Fewest batches in a window (a window also spans one batch per worker)."""
+MAX_PREFETCH = 8
+"""The deepest prefetch window ``prefetch_factor="auto"`` goes to."""
+MAX_GROWTH = 4
+"""At most this factor more workers in one decision."""
+CPU_SLACK = 0.25
+"""How far (in CPUs) the predicted use may exceed the CPUs available."""
+WORKERS_PER_CPU = 4
+"""Capacity: process workers per CPU (waiting workers use little CPU; measuring decides)."""
+MAX_CAPACITY = 32
+"""At most this many workers, whatever the CPU count."""
+MEASURE_BELOW_S = 0.002
+"""A first batch (cold: a worker's first) faster than this is timed in the main process
+too, to see whether it loads under :data:`~stoker._policy.IN_PROCESS_NOW_S` there; a
+slower one surely does not, and timing it would cost more than it could save."""
+JUMP_BATCH_S = 0.02
+"""A batch the probe says loads slower than this sends the count straight to the model's:
+an epoch may be over before windows of such batches reach it. Faster batches are tuned by
+windows, which then take milliseconds and also see how fast the consumer takes batches."""
+MIN_EPOCH_BATCHES = 8
+"""Fewest batches an epoch needs to count in the in-process comparison."""
+BUSY_SHARE = 0.8
+"""Workers busier than this share of an epoch are the bottleneck: more, not none, help."""
+RETRY_AFTER = 2
+"""Epochs with workers after a lost in-process trial before another (twice as many after
+each loss): one trial epoch slowed by something else on the machine does not decide for
+good, and a dataset that really loads slower in process costs a trial epoch ever more rarely."""
 
 
 # -- messages ----------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from stoker.errors import WeightsError
 T_co = TypeVar("T_co", covariant=True)
 IndexArray = npt.NDArray[np.int64]
 
-_U64 = 2**64
+U64 = 2**64
 _TORCH_MAX_CATEGORIES = 2**24  # torch.multinomial refuses more weights
 
 # ``__iter__`` functions known to be exactly ``iter(self._epoch_indices().tolist())``; a
@@ -58,7 +58,7 @@ _FAST_ITERS: set[object] = set()
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _fast_iter(fn: _F) -> _F:
+def fast_iter(fn: _F) -> _F:
     """Mark ``fn`` as an ``__iter__`` equivalent to iterating ``_epoch_indices()``."""
     _FAST_ITERS.add(fn)
     return fn
@@ -158,7 +158,7 @@ def _int_array(batch: list[Any]) -> IndexArray | list[Any]:
     return batch
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
     """Whether ``x`` is an integer (Python or NumPy) and not a bool."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
@@ -217,7 +217,7 @@ def state_int(
     rule = "an int" if bound is None else f"an int in [0, {bound})"
     rule += " or None" if optional else ""
     kind = type(owner).__name__
-    if not _is_int(value):
+    if not is_int(value):
         raise TypeError(
             f"{kind} state_dict[{key!r}] must be {rule}, got {value!r} "
             f"({type(value).__name__}); use the value {kind}.state_dict() saved."
@@ -280,7 +280,7 @@ class _SeededSampler(Sampler[int]):
     def generator(self, value: GeneratorLike) -> None:
         check_generator(value)
         self._generator = value
-        self._seed = int(value) % _U64 if _is_int(value) else None
+        self._seed = int(value) % U64 if is_int(value) else None
 
     def _torch_stream(self) -> tuple[Any, bool] | None:
         """Where the next epoch's torch draws come from: ``(generator, from_global)``, or
@@ -322,7 +322,7 @@ class _SeededSampler(Sampler[int]):
     def _base_seed(self) -> int:
         """The base seed of stoker's draws, drawn from the generator the first time."""
         if self._seed is None:
-            self._seed = draw_seed(self._generator) % _U64
+            self._seed = draw_seed(self._generator) % U64
         return self._seed
 
     def state_dict(self) -> dict[str, Any]:
@@ -380,8 +380,8 @@ class _SeededSampler(Sampler[int]):
         state = check_state(state_dict, self, ("seed", "epoch"), optional=("torch_state",))
         seed = state["seed"]
         if seed is not None:
-            seed = state_int(self, state, "seed", bound=_U64, optional=True)
-        epoch = state_int(self, state, "epoch", bound=_U64)
+            seed = state_int(self, state, "seed", bound=U64, optional=True)
+        epoch = state_int(self, state, "epoch", bound=U64)
         torch_state = state.get("torch_state")
         if torch_state is not None:
             torch_state = dict(_check_torch_state(self, torch_state))
@@ -454,7 +454,7 @@ class SequentialSampler(Sampler[int]):
         """The epoch's indices as an int64 array."""
         return np.arange(len(self.data_source), dtype=np.int64)
 
-    @_fast_iter
+    @fast_iter
     def __iter__(self) -> Iterator[int]:
         return iter(range(len(self.data_source)))
 
@@ -552,10 +552,10 @@ class RandomSampler(_SeededSampler):
         self.data_source = data_source
         self.replacement = replacement
         self._num_samples = (
-            int(num_samples) if num_samples is not None and _is_int(num_samples) else num_samples
+            int(num_samples) if num_samples is not None and is_int(num_samples) else num_samples
         )
         n = self.num_samples
-        if not _is_int(n) or n <= 0:
+        if not is_int(n) or n <= 0:
             raise ValueError(
                 f"num_samples should be a positive integer value, but got num_samples={n!r}; "
                 "pass num_samples >= 1 or a non-empty data_source."
@@ -600,7 +600,7 @@ class RandomSampler(_SeededSampler):
             parts.append(gen.choice(n, size=rest, replace=False, shuffle=True))
         return np.concatenate(parts).astype(np.int64, copy=False)
 
-    @_fast_iter
+    @fast_iter
     def __iter__(self) -> Iterator[int]:
         return _lazy_ints(self._epoch_chunks())
 
@@ -661,7 +661,7 @@ class SubsetRandomSampler(_SeededSampler):
             order = self._next_rng().permutation(n)
         return self._index_array[order]
 
-    @_fast_iter
+    @fast_iter
     def __iter__(self) -> Iterator[int]:
         return _lazy_ints(_one_chunk(self))
 
@@ -707,7 +707,7 @@ class WeightedRandomSampler(_SeededSampler):
         replacement: bool = True,
         generator: GeneratorLike = None,
     ) -> None:
-        if not _is_int(num_samples) or num_samples <= 0:
+        if not is_int(num_samples) or num_samples <= 0:
             raise ValueError(
                 "num_samples should be a positive integer value, but got "
                 f"num_samples={num_samples!r}; pass how many indices an epoch draws (>= 1)."
@@ -792,7 +792,7 @@ class WeightedRandomSampler(_SeededSampler):
                 )
                 indices: IndexArray = out.numpy()
                 return indices
-            gen = rng(draw_seed(stream[0]) % _U64)
+            gen = rng(draw_seed(stream[0]) % U64)
         else:
             gen = self._next_rng()
         if self.replacement:
@@ -818,7 +818,7 @@ class WeightedRandomSampler(_SeededSampler):
         top = top[np.argsort(-keys[top], kind="stable")]
         return candidates[top].astype(np.int64, copy=False)
 
-    @_fast_iter
+    @fast_iter
     def __iter__(self) -> Iterator[int]:
         return _lazy_ints(_one_chunk(self))
 
@@ -847,7 +847,7 @@ class BatchSampler(Sampler[list[int]]):
     def __init__(
         self, sampler: Sampler[int] | Iterable[int], batch_size: int, drop_last: bool
     ) -> None:
-        if not _is_int(batch_size) or batch_size <= 0:
+        if not is_int(batch_size) or batch_size <= 0:
             raise ValueError(
                 "batch_size should be a positive integer value, but got "
                 f"batch_size={batch_size!r}; pass how many indices a batch holds (>= 1)."

@@ -9,6 +9,7 @@ thread that iterates (worker busy times arrive with the results, read on that th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections.abc import Callable
@@ -213,3 +214,11 @@ def empty(decisions: tuple[str, ...] = ()) -> LoaderStatistics:
     0
     """
     return LoaderStatistics(0, 0, 0.0, 0.0, 0.0, (), 0, 0, 0, 0, 0, None, decisions)
+
+
+def with_cache(stats: LoaderStatistics, dataset: Any) -> LoaderStatistics:
+    """``stats`` with the statistics of the dataset's cache filled in."""
+    from stoker._cache import find  # the cache module needs no statistics back
+
+    cache = find(dataset)
+    return stats if cache is None else dataclasses.replace(stats, cache=cache.statistics())

@@ -70,6 +70,15 @@ def set_worker_info(info: WorkerInfo | None, *, whole_process: bool) -> None:
         _answer_torch_in_thread(info)
 
 
+def in_worker_thread() -> bool:
+    """Whether the calling thread is a worker thread (its info is the thread's own).
+
+    >>> in_worker_thread()
+    False
+    """
+    return getattr(_thread_local, "info", None) is not None
+
+
 _torch_lock = threading.Lock()
 
 

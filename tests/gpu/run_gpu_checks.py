@@ -160,7 +160,7 @@ def check_pinning(quick: bool) -> dict[str, Any]:
                 assert all(torch.equal(x, y) for x, y in pairs), f"{key}: values differ"
             entry: dict[str, Any] = {"batches": len(got), "leaves_pinned": len(leaves)}
             if mode == "process":
-                pins = it._pool.workers[0].maps.pins
+                pins = it._pool.workers[0].slots.maps.pins
                 assert pins is not None and pins.failure is None, f"{key}: {pins and pins.failure}"
                 assert pins.registered > 0, f"{key}: no slot registered"
                 first = tensor_leaves(got[-1])[0]

@@ -16,17 +16,28 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from stoker._collate import DefaultCollate
-from stoker._engine._messages import Exhausted, Failed, Loaded, LoadedGroup, Snapshot, Task
+from stoker._engine._errors import RemoteError
+from stoker._engine._messages import (
+    BatchSeed,
+    Exhausted,
+    Failed,
+    GroupSeeds,
+    Loaded,
+    LoadedGroup,
+    Snapshot,
+    StreamSeed,
+    Task,
+    TaskSeed,
+)
 from stoker._engine._tail import Splits, mergeable, plan
-from stoker._engine._transport import RemoteError
-from stoker._engine._window import Failure
+from stoker._engine._window import Entry, Failure
 from stoker._policy import (
     GROUP_AFTER,
     JOIN_BUFFERS,
     assigns_freely,
     balances_load,
     group_size,
+    is_default_collate,
     typical_load_s,
     worth_splitting,
 )
@@ -126,7 +137,7 @@ class Dispatcher:
                 stream = self._epoch_state.stream
                 if stream is not None:  # a stateful stream: the resume state, when to send
                     task = stream.task(wid, k)
-                self._queue(sends, wid, [k], task, self._worker_seeds[wid])
+                self._queue(sends, wid, [k], task, StreamSeed(seed=self._worker_seeds[wid]))
             elif group > 1 and grouping and self._group_tasks:
                 self._queue_group(
                     sends, wid, k, task, min(group, depth - window.outstanding[wid]), size
@@ -147,15 +158,17 @@ class Dispatcher:
             self.drawn.append((k, task))
         return k, task
 
-    def _queue(self, sends: Sends, wid: int, ks: list[int], task: Any, seed: Any) -> int:
+    def _queue(self, sends: Sends, wid: int, ks: list[int], task: Any, seed: TaskSeed) -> int:
         """Add ``task`` (batch ``ks[0]``, or a group's batches ``ks``) to worker ``wid``'s
         message; returns its first task index."""
         idx = self._window.add(wid, ks)
-        sends.setdefault(wid, []).append(Task(self._generation, idx, task, seed))
+        sends.setdefault(wid, []).append(
+            Task(generation=self._generation, idx=idx, task=task, seed=seed)
+        )
         return idx
 
     def _queue_batch(self, sends: Sends, wid: int, k: int, task: Any) -> None:
-        seed = mix_seed(self._seed, self._epoch, k)
+        seed = BatchSeed(seed=mix_seed(self._seed, self._epoch, k))
         parts = self._plan_split(k, task)
         if parts is None:
             self._queue(sends, wid, [k], task, seed)
@@ -175,7 +188,7 @@ class Dispatcher:
         while len(ks) < n and (got := self._next()) is not None:
             ks.append(got[0])
             tasks.append(got[1])
-        self._queue(sends, wid, ks, tasks, (self._seed, self._epoch, ks))
+        self._queue(sends, wid, ks, tasks, GroupSeeds(base=self._seed, epoch=self._epoch, ks=ks))
 
     def _plan_split(self, k: int, task: Any) -> list[tuple[int, int]] | None:
         """How to split batch ``k`` among workers that would otherwise idle, or None."""
@@ -204,9 +217,10 @@ class Dispatcher:
             for j, batch in enumerate(msg.batches, idx):
                 k = window.answered(wid, j)
                 if type(batch) is RemoteError:
-                    window.put(j, (k, Failure(batch), None))
+                    window.put(j, Entry(k=k, item=Failure(batch)))
                 else:
-                    window.put(j, (k, batch, msg.skipped[j - idx] if msg.skipped else None))
+                    skipped = msg.skipped[j - idx] if msg.skipped else None
+                    window.put(j, Entry(k=k, item=batch, skipped=skipped))
             return
         if isinstance(msg, Snapshot):  # a stateful stream's worker state, before its batch
             return self.snapshot(msg)
@@ -216,19 +230,20 @@ class Dispatcher:
             return
         part = self._splits.is_part(idx)
         if isinstance(msg, Loaded):
-            item = (k, msg.batch, msg.skipped)
+            entry = Entry(k=k, item=msg.batch, skipped=msg.skipped)
             self._note(msg, part)
             if self._iterable and self._epoch_state.stream is not None:
                 self._epoch_state.stream.answered(k, wid)
         else:
-            item = (k, Failure(msg.error), None)
+            entry = Entry(k=k, item=Failure(msg.error))
             self.drawn = None  # the epoch stays here: a restart elsewhere would drop the error
         if not part:
-            window.put(idx, item)
+            window.put(idx, entry)
             return
-        first, batch = self._splits.done(k, idx, item[1], self._memory.buffers(JOIN_BUFFERS).alloc)
+        alloc = self._memory.buffers(JOIN_BUFFERS).alloc
+        first, batch = self._splits.done(k, idx, entry.item, alloc)
         if batch is not None:
-            window.put(first, (k, batch, None))
+            window.put(first, Entry(k=k, item=batch))
         if idx != first:  # the batch is delivered at its first part's place in the order
             window.skip(idx)
 
@@ -285,6 +300,6 @@ def _splittable(config: EngineConfig) -> bool:
         config.worker_mode == "process"
         and not config.iterable
         and config.auto_collation
-        and isinstance(config.collate_fn, DefaultCollate)
+        and is_default_collate(config.collate_fn)
         and not config.skip_errors
     )

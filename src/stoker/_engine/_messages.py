@@ -15,26 +15,55 @@ message is read by field name, never by position.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from stoker._engine._transport import RemoteError
+    from stoker._engine._errors import RemoteError
+    from stoker._fetch import Skipped
+
+
+class BatchSeed(NamedTuple):
+    """A map-style batch's task (or a part of one, split at an epoch's tail): the global
+    RNGs are seeded from ``seed``, mixed from (the loader's seed, epoch, batch number),
+    before it loads, so no worker count or mode changes it."""
+
+    seed: int
+
+
+class GroupSeeds(NamedTuple):
+    """A group of tiny batches' task (task indices ``idx``, ``idx + 1``, ...): batch
+    ``ks[j]`` is seeded from (``base``, ``epoch``, ``ks[j]``), as it would be alone."""
+
+    base: int
+    epoch: int
+    ks: list[int]
+
+
+class StreamSeed(NamedTuple):
+    """An iterable dataset's task: its worker's seed for the epoch, from which the worker
+    seeds itself once, at the epoch's first task (see ``worker_seed``)."""
+
+    seed: int
+
+
+TaskSeed = BatchSeed | GroupSeeds | StreamSeed
+"""How a task is seeded, one record a kind; the worker loads each kind its own way (one
+table: ``stoker._engine._worker.KINDS``)."""
 
 
 class Task(NamedTuple):
     """One task (a batch, or a group of tiny batches) for a worker, inside :class:`Work`.
 
-    ``task``: sample indices, or for a group the list of each batch's; ``seed``: the batch's
-    (a group's is ``(seed, epoch, batch numbers)``; an iterable dataset's is its worker's
-    for the epoch); ``packing``: how ``task`` crossed the pipe (see
-    :func:`~stoker._engine._transport.pack_tasks`), None once unpacked.
+    ``task``: sample indices (the sampler's), or for a group the list of each batch's;
+    ``seed``: how it is seeded (:data:`TaskSeed`); ``packing``: how ``task`` crossed the
+    pipe (see :func:`~stoker._engine._pipe.pack_tasks`), None once unpacked.
     """
 
     generation: int
     idx: int
     task: Any
-    seed: Any
-    packing: Any = None
+    seed: TaskSeed
+    packing: str | tuple[str, str | None] | None = None
 
 
 class Work(NamedTuple):
@@ -42,15 +71,23 @@ class Work(NamedTuple):
     when big slots' batches died (``freed``: their slot ids, free to write again). The one
     way freed slots go home; a worker not started yet gets its messages as it starts."""
 
-    tasks: list[Any]  # Tasks; packed as plain tuples on the pipe (see pack_tasks)
+    tasks: list[tuple[Any, ...]]  # Tasks packed as plain tuples for the pipe (pack_tasks)
     freed: list[int]
+
+
+class SharedJob(Protocol):
+    """What a helping thread does with a slow batch's job (``stoker._engine._split.Job``,
+    whose module puts :class:`Help`: no import back)."""
+
+    def work(self) -> None:
+        """Load samples of the job until none is left to take."""
 
 
 class Help(NamedTuple):
     """Put by a thread worker loading a slow batch into an idle thread's inbox: take
     samples of ``job`` (see :mod:`stoker._engine._split`)."""
 
-    job: Any  # a stoker._engine._split.Job (which puts this message: no import back)
+    job: SharedJob
 
 
 class Ready(NamedTuple):
@@ -90,17 +127,17 @@ class Shipped(NamedTuple):
     out with ``skip_errors``; ``untouched``: for a slow batch, whether the global RNGs were
     left alone, else None. With ``group``, a group of tiny batches (task indices ``idx``,
     ``idx + 1``, ...) in one slot: the payload the list of batches (a
-    :class:`~stoker._engine._transport.RemoteError` in place of each that raised),
+    :class:`~stoker._engine._errors.RemoteError` in place of each that raised),
     ``skipped`` None or a list. The pool decodes it into :class:`Loaded` or
     :class:`LoadedGroup`."""
 
     generation: int
     idx: int
     slot: tuple[int, str, int] | None
-    payload: Any
+    payload: Any  # the batch's structure (bytes), or in this process the batch itself
     retired: list[str]
     busy: float
-    skipped: Any
+    skipped: Skipped | list[Skipped | None] | None
     untouched: bool | None
     group: bool = False
 
@@ -112,7 +149,7 @@ class Loaded(NamedTuple):
     idx: int
     batch: Any
     busy: float
-    skipped: Any
+    skipped: Skipped | None
     untouched: bool | None
 
 
@@ -123,7 +160,7 @@ class LoadedGroup(NamedTuple):
     idx: int
     batches: list[Any]
     busy: float
-    skipped: list[Any] | None
+    skipped: list[Skipped | None] | None
 
 
 class Probe(NamedTuple):
@@ -154,6 +191,14 @@ class Snapshot(NamedTuple):
     state: Any
 
 
+class Restarted(NamedTuple):
+    """Handed by a process pool to its iterator once a dead worker was replaced
+    (``worker_restarts``): its start counts again (``timeout``). ``cause``: as in
+    ``statistics().worker_restarts``."""
+
+    cause: str
+
+
 class Exhausted(NamedTuple):
     """Sent by a worker of an iterable dataset that has no more data this epoch."""
 
@@ -171,7 +216,11 @@ class Failed(NamedTuple):
 
 FromWorker = Ready | Inited | StartFailed | Bye | Shipped | Exhausted | Failed | Probe | Snapshot
 """What a process worker sends (a thread worker sends :class:`Loaded` for Shipped)."""
-ToIterator = Ready | StartFailed | Loaded | LoadedGroup | Exhausted | Failed | Probe | Snapshot
+# fmt: off
+ToIterator = (
+    Ready | StartFailed | Loaded | LoadedGroup | Exhausted | Failed | Probe | Snapshot | Restarted
+)
+# fmt: on
 """What a pool hands the iterator."""
 LIFE = (Ready, Inited, Bye)
 """Messages about a worker's life, noted by its pool (only Ready is passed on)."""

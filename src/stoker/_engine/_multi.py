@@ -8,16 +8,17 @@ start of later fork workers, deaths), books them into the
 (``in_order=True``) or as they come. A batch is seeded from (seed, epoch, index), so which
 worker runs it does not matter. See ``docs/engine.md``, "Assignment".
 
-The pool (:mod:`stoker._engine._pool`) is shut down by a ``weakref.finalize``: at the end
-of an epoch (unless ``persistent_workers``), on garbage collection, at exit, and before a
-fatal error is raised. Also here: :func:`workers_warning` (more workers than CPUs, as
-torch warns).
+The pool (:mod:`stoker._engine._pool`, chosen by :func:`make_pool`) is shut down by a
+``weakref.finalize``: at the end of an epoch (unless ``persistent_workers``), on garbage
+collection, at exit, and before a fatal error is raised. Also here: :func:`workers_warning`
+(more workers than CPUs, as torch warns).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import multiprocessing
 import sys
 import time
 import warnings
@@ -26,12 +27,23 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from stoker._engine._dispatch import Dispatcher
+from stoker._engine._inproc import InProcessPool
 from stoker._engine._interrupts import raise_pending
-from stoker._engine._messages import Loaded, LoadedGroup, Probe, Ready, StartFailed, ToIterator
-from stoker._engine._pin import pin
-from stoker._engine._pool import WorkerPool, make_pool
-from stoker._engine._restart import Restarted
+from stoker._engine._messages import (
+    Loaded,
+    LoadedGroup,
+    Probe,
+    Ready,
+    Restarted,
+    StartFailed,
+    ToIterator,
+)
+from stoker._engine._pin import pin, slot_pins
+from stoker._engine._pool import WorkerPool
+from stoker._engine._procs import ProcessPool
+from stoker._engine._restart import Healer
 from stoker._engine._single import SingleProcessIterator
+from stoker._engine._threads import ThreadPool
 from stoker._engine._window import Failure, ReorderWindow
 from stoker._engine._worker import worker_seed
 from stoker._osprobe import available_cpus
@@ -55,6 +67,7 @@ class MultiWorkerIterator:
 
     Made by ``DataLoader.__iter__`` in the thread that iterates, ``__next__`` called from
     one thread at a time; :meth:`restart` starts the next epoch on the same workers."""
+
     _workers = property(lambda self: _worker_handles(self._pool))  # torch's, for their pids
 
     def __init__(
@@ -96,7 +109,8 @@ class MultiWorkerIterator:
         self._finalizer = weakref.finalize(self, pool.shutdown)
         pool.limit_start(self._num_workers)
         # Lazy start pays off when the first batch comes sooner than the other forks take.
-        self._lazy = starts_lazily(self._dispatch.free, pool.lazy_start, memory.first_batch_s)
+        forks = isinstance(pool, ProcessPool) and forks_workers(config)
+        self._lazy = starts_lazily(self._dispatch.free, forks, memory.first_batch_s)
 
     @property
     def alive(self) -> bool:
@@ -115,7 +129,6 @@ class MultiWorkerIterator:
     def restart(self) -> None:
         """Start the next epoch on the same (persistent) workers, an unfinished one's dropped."""
         self._drawing = time.perf_counter()
-        self._pool.new_epoch()
         self._begin(self._epochs.start())
 
     def _begin(self, epoch: Epoch, replay: list[tuple[int, Any]] | None = None) -> None:
@@ -130,7 +143,7 @@ class MultiWorkerIterator:
         self._began = time.perf_counter()
         # Worker processes running before this epoch: one that starts more (the first, or
         # one where autotune adds some) is no measure of the next (see __next__).
-        self._started_before = 0 if self._generation == 1 else len(self._pool.started_pids())
+        self._started_before = 0 if self._generation == 1 else len(self._pool.gauges().pids)
         self._stats = StatsRecorder(len(self._started), config.auto_collation, self._gauges)
         self._stats.workers, self._stats.prefetch = self._num_workers, self._prefetch
         if self._tuner is not None:
@@ -143,7 +156,7 @@ class MultiWorkerIterator:
         (stats := self._stats).ended(self._entered)
         self._epoch_state.finish()
         # Persistent workers start once: an epoch that started some is no measure of others.
-        started = len(self._pool.started_pids())
+        started = len(self._pool.gauges().pids)
         judged = not self._config.persistent or started <= self._started_before
         if self._tuner is not None and judged:
             first = functools.partial(load_in_process, self._config, self._dispatch.first_task)
@@ -178,22 +191,21 @@ class MultiWorkerIterator:
         self._entered = time.perf_counter()
         if not self._pool.alive:
             raise StopIteration
-        self._pool.flush_freed()  # the batch delivered last time may have died by now
         if self._yielded and self._pool.pending_start:
             self._pool.start()  # the first batch is out: now start the other workers
         while True:
             got = self._window.pop()
             if got is not None:
                 self._refill()  # its place in the window is free: keep the workers busy
-                k, item, skipped = got
+                skipped = got.skipped
                 if skipped is not None:  # counted in task order: the same in every run
-                    self._epoch_state.skip(k, skipped)  # raises past the cap
-                    self._stats.skipped += len(skipped[0])
-                if not self._epoch_state.deliver(k):
+                    self._epoch_state.skip(got.k, skipped)  # raises past the cap
+                    self._stats.skipped += len(skipped.indices)
+                if not self._epoch_state.deliver(got.k):
                     continue  # delivered before the checkpoint this epoch resumes from
-                if skipped is not None and skipped[2]:
+                if skipped is not None and skipped.dropped:
                     continue  # every sample of the batch failed: it is dropped
-                return self._deliver(item)
+                return self._deliver(got.item)
             if self._window.drained(self._dispatch.done):
                 self._end()
                 raise StopIteration
@@ -245,26 +257,24 @@ class MultiWorkerIterator:
 
     def _gauges(self) -> tuple[int, int]:
         """(shared memory mapped for batches, tasks in flight) for ``loader.statistics()``."""
-        return self._pool.shared_memory_bytes(), sum(self._window.outstanding)
+        return self._pool.gauges().shared_bytes, sum(self._window.outstanding)
 
     def _autotune(self, probe: Probe | None = None) -> None:
         """Ask the tuner after a delivered batch or a worker's ``probe``; apply its decision."""
-        from stoker._autotune import ADD_PREFETCH, IN_PROCESS_NOW
-
         assert self._tuner is not None  # workers probe only for a tuner
         if probe is not None:
             timer = functools.partial(load_in_process, self._config, self._dispatch.first_task)
-            decision = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
+            step = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
             if self._dispatch.drawn is not None:  # nothing delivered: the epoch may restart
-                if decision == IN_PROCESS_NOW:
+                if step.in_process:
                     return self._switch(None, 0)
                 if self._tuner.next_mode() != self.mode:
                     return self._switch(self._tuner.mode, self._tuner.workers)
         else:
-            decision = self._tuner.step(self._stats, self._pool.started_pids())
-        if decision > 0:
-            self._add_workers(decision)
-        if decision == ADD_PREFETCH:
+            step = self._tuner.step(self._stats, self._pool.gauges().pids)
+        if step.add:
+            self._add_workers(step.add)
+        if step.deepen:
             self._prefetch += 1
             self._stats.prefetch = self._prefetch
             self._refill()
@@ -299,6 +309,35 @@ class MultiWorkerIterator:
         self._pool.limit_start(self._num_workers)
         self._pool.start(count)  # a process pool starts them; threads run already
         self._refill()
+
+
+POOLS: dict[str, Any] = {"process": ProcessPool, "thread": ThreadPool, "in_process": InProcessPool}
+"""The pool of each ``worker_mode`` (a test puts :class:`InProcessPool` in another's place)."""
+
+
+def make_pool(
+    config: EngineConfig, memory: EngineMemory, seeds: list[int]
+) -> tuple[WorkerPool, str | None]:
+    """The pool of ``config.capacity`` workers seeded with ``seeds``, and the device the
+    iterator pins delivered batches to: a process pool's slots are registered as pinned
+    memory, so pinning them is the one copy; workers in this process pin their own (None)."""
+    if config.worker_mode == "ray":  # Ray is imported only here, for such a loader
+        from stoker._engine._ray import RayPool
+
+        return RayPool(config, memory, seeds), config.pin_device
+    pool = POOLS[config.worker_mode](config, memory, seeds)
+    if not isinstance(pool, ProcessPool):
+        return pool, None
+    if config.restarts or (config.skip_errors and memory.poisoned):  # worker_restarts
+        pool.healer = Healer(config.restarts, bool(config.skip_errors), pool.post, memory.poisoned)
+    pool.set_pins(slot_pins(config.pin_device))
+    return pool, config.pin_device
+
+
+def forks_workers(config: EngineConfig) -> bool:
+    """Whether worker processes start by fork (each start copies the page tables)."""
+    ctx = config.context or multiprocessing.get_context()
+    return bool(ctx.get_start_method() == "fork")
 
 
 def heeds(window: ReorderWindow, dispatch: Dispatcher, wid: int) -> bool:

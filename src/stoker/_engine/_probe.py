@@ -95,7 +95,19 @@ class SampleTimer:
             self._sent = True
             wall, cpu, _ = _spent(self._start)
             n = max(1, self._batch_len)
-        self._send(Probe(self._generation, n, wall / n, cpu / n, 0.0, 0.0, 1, self._batch_len, 0))
+        self._send(
+            Probe(
+                generation=self._generation,
+                samples=n,
+                wall=wall / n,
+                cpu=cpu / n,
+                rest_wall=0.0,
+                rest_cpu=0.0,
+                threads=1,
+                batch_len=self._batch_len,
+                nbytes=0,
+            )
+        )
 
     def _add(self, seq: int, wall: float, cpu: float, got: float, out: Any) -> None:
         with self._lock:
@@ -119,15 +131,15 @@ class SampleTimer:
         n = self._count - 1
         self._send(
             Probe(
-                self._generation,
-                self._count,
-                first[0],
-                first[1],
-                rest_wall / n if n else 0.0,
-                rest_cpu / n if n else 0.0,
-                threads,
-                self._batch_len,
-                self._nbytes,
+                generation=self._generation,
+                samples=self._count,
+                wall=first[0],
+                cpu=first[1],
+                rest_wall=rest_wall / n if n else 0.0,
+                rest_cpu=rest_cpu / n if n else 0.0,
+                threads=threads,
+                batch_len=self._batch_len,
+                nbytes=self._nbytes,
             )
         )
 

@@ -2,7 +2,7 @@
 
 :class:`RayPool` is a :class:`~stoker._engine._pool.WorkerPool` of Ray actors, one per
 worker, placed by the loader's ``ray_options`` (Ray's actor options). Each actor runs the
-process workers' loop (:func:`~stoker._engine._worker._serve`, seeded alike) on a thread,
+process workers' loop (:func:`~stoker._engine._worker.serve`, seeded alike) on a thread,
 through :class:`_ActorSink`: one actor call per task (a batch, or a group of tiny ones),
 answered with the task's messages. Ray runs an actor's calls in order; ``prefetch_factor``
 calls in flight per actor cover its latency.
@@ -28,9 +28,12 @@ import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from stoker import _torch
-from stoker._engine._messages import Bye, Inited, Task, ToIterator
-from stoker._engine._transport import RemoteError
-from stoker._engine._worker import ObjectSink, WorkerArgs, _Ended, _enter_epoch, _serve, _start
+from stoker._engine._arrivals import Arrivals
+from stoker._engine._errors import RemoteError
+from stoker._engine._messages import Bye, Shipped, Task, ToIterator
+from stoker._engine._pool import PoolGauges
+from stoker._engine._sinks import shipped
+from stoker._engine._worker import Ended, Sink, WorkerArgs, enter_epoch, serve, start
 from stoker._fetch import IterableFetcher, MapFetcher
 from stoker._random import seed_globals
 from stoker._ray_cluster import actor_options, check_resources, connect, import_ray, shown
@@ -61,7 +64,7 @@ class _Hello(NamedTuple):
     messages: list[Any]
 
 
-class _ActorSink(ObjectSink):
+class _ActorSink(Sink):
     """An actor's: one task at a time from its actor call, and the messages it produced
     handed back as that call's answer (batches as objects: Ray serialises them)."""
 
@@ -86,11 +89,21 @@ class _ActorSink(ObjectSink):
         return self.tasks.get()
 
     def epoch(self, seed: int) -> None:
-        if _enter_epoch(self.args, seed, whole_process=True):
+        if enter_epoch(self.args, seed, whole_process=True):
             seed_globals(seed, every_device=True)
 
     def seed_for(self, task: Task) -> int | None:
-        return task.seed if self.fetcher.draws and not self.iterable else None
+        if self.iterable or not self.fetcher.draws:  # an iterable's: seeded once, per epoch
+            return None
+        return task.seed.seed  # type: ignore[union-attr]  # a batch's (groups: KINDS)
+
+    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
+        self.send(shipped(task, data, time.perf_counter() - started, skipped))
+
+    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
+        skipped = skips if any(s is not None for s in skips) else None
+        busy = time.perf_counter() - started
+        self.send(shipped(task, batches, busy, skipped, group=True))
 
     def fetch(self, indices: Any, seed: int | None, timer: SampleTimer | None = None) -> Any:
         if seed is not None:
@@ -104,13 +117,13 @@ def _actor_loop(args: WorkerArgs, sink: _ActorSink) -> None:
     """An actor's worker thread: start-up, then the worker loop; a worker that ends early
     (``sys.exit()`` in the dataset, stoker's own failure) says why in its last answer."""
     try:
-        if _start(args, sink, whole_process=True):
-            _serve(args, sink)
-    except _Ended as exc:
-        sink.send(Bye(None, (exc.remote.summary(), exc.code)))
+        if start(args, sink, whole_process=True):
+            serve(args, sink)
+    except Ended as exc:
+        sink.send(Bye(kept=None, why=(exc.remote.summary(), exc.code)))
     except BaseException as exc:
         remote = RemoteError(exc, f"worker {args.worker_id} (pid {os.getpid()})")
-        sink.send(Bye(None, (remote.summary(), 1)))
+        sink.send(Bye(kept=None, why=(remote.summary(), 1)))
     finally:
         sink.ended = True
         sink.hand()
@@ -146,7 +159,7 @@ class RayWorker:
     def load(self, task: Task) -> list[Any]:
         """The messages of one task: its batch (or group), a failure, a snapshot..."""
         if self._sink.ended:
-            return [Bye(None, ("the worker's loop, which had ended", 1))]
+            return [Bye(kept=None, why=("the worker's loop, which had ended", 1))]
         self._sink.tasks.put(task)
         return self._sink.answers.get()
 
@@ -240,17 +253,24 @@ class RayPool:
         self.workers = [
             _Actor(
                 wid,
-                WorkerArgs(wid, n, seeds[wid], None, config.init_fn, import_torch=import_torch),  # type: ignore[arg-type]
+                WorkerArgs(
+                    worker_id=wid,
+                    num_workers=n,
+                    seed=seeds[wid],
+                    fetcher=None,  # type: ignore[arg-type]  # the store's copy, in the actor
+                    worker_init_fn=config.init_fn,
+                    import_torch=import_torch,
+                ),
             )
             for wid in range(n)
         ]
         self._next_start = 0
         self._start_limit = n
         self._ready: collections.deque[tuple[int, ToIterator]] = collections.deque()
+        self._arrivals = Arrivals(config.init_fn, _payload, self._ended)
+        self._generation: int | None = None
 
     # -- starts -------------------------------------------------------------------------
-
-    lazy_start = False
 
     @property
     def alive(self) -> bool:
@@ -289,33 +309,26 @@ class RayPool:
         """Whether worker ``wid``'s actor was made."""
         return self.workers[wid].actor is not None
 
-    def started_pids(self) -> list[int]:
-        """None: the actors' processes may be on other machines (autotune is off)."""
-        return []
+    def gauges(self) -> PoolGauges:
+        """No pids (the actors' processes may be on other machines; autotune is off), no
+        shared memory of stoker's (batches live in Ray's object store)."""
+        return PoolGauges(pids=[], shared_bytes=0)
 
     def handles(self) -> list[Any]:
         """The Ray actor handle of each worker made."""
         return [w.actor for w in self.workers[: self._start_limit] if w.actor is not None]
 
-    def new_epoch(self) -> None:
-        """A new epoch's restart budget (each actor seeds its process's RNGs per batch)."""
-        self._restarted = 0
-
     def describe(self, wid: int) -> str:
         """'worker 1 (Ray actor 1a2b... (pid 42) on node 10.0.0.2 (node id ...))'."""
         return f"worker {wid} ({self.workers[wid].where()})"
 
-    def shared_memory_bytes(self) -> int:
-        """None of stoker's: batches live in Ray's object store."""
-        return 0
-
-    def flush_freed(self) -> None:
-        """Nothing to free: Ray frees an object when its last view dies."""
-
     # -- tasks and answers --------------------------------------------------------------
 
     def send(self, wid: int, tasks: list[Task]) -> None:
-        """One actor call per task (a group of tiny batches is one task)."""
+        """One actor call per task (a group of tiny batches is one task); an epoch's first
+        task renews the restart budget (``worker_restarts`` is an epoch's)."""
+        if tasks and tasks[0].generation != self._generation:
+            self._generation, self._restarted = tasks[0].generation, 0
         w = self.workers[wid]
         if w.unsent is not None:
             w.unsent.extend(tasks)
@@ -362,11 +375,9 @@ class RayPool:
         if task is None:  # its hello
             w.hello, answer = answer, answer.messages
         for msg in answer:
-            kind = type(msg)
-            if kind is Bye:
-                self._ended(w, msg)
-            if kind is not Inited:
-                self._ready.append((w.wid, msg))
+            got = self._arrivals.take(w.wid, msg)
+            if got is not None:
+                self._ready.append((w.wid, got))
         return None
 
     def _check_placed(self) -> None:
@@ -436,8 +447,9 @@ class RayPool:
             return True
         return False
 
-    def _ended(self, w: _Actor, bye: Bye) -> None:
+    def _ended(self, wid: int, bye: Bye) -> None:
         """An actor's worker loop ended early (``sys.exit()`` in the dataset...): raise."""
+        w = self.workers[wid]
         why, code = bye.why if bye.why is not None else ("an unknown cause", None)
         where = w.where()
         self.shutdown()
@@ -461,3 +473,8 @@ class RayPool:
                 with contextlib.suppress(Exception):
                     ray.kill(w.actor, no_restart=True)
         self._ready.clear()
+
+
+def _payload(wid: int, msg: Shipped) -> Any:
+    """A Ray worker's shipped batch is the object itself (views of the object store)."""
+    return msg.payload

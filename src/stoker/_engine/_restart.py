@@ -19,12 +19,13 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from stoker._engine._messages import Failed, Loaded, Task
-from stoker._engine._transport import RemoteError
+from stoker._engine._errors import RemoteError
+from stoker._engine._messages import BatchSeed, Failed, GroupSeeds, Loaded, Task
+from stoker._fetch import Skipped
 from stoker._osprobe import oom_kills
 from stoker._policy import INDICES_SHOWN
 from stoker._random import batch_seeds
@@ -35,13 +36,6 @@ _logger = logging.getLogger(__name__)
 PROBE = -1
 """The generation of an isolation's probe tasks: no epoch has it, so no answer of one
 reaches the reorder window."""
-
-
-class Restarted(NamedTuple):
-    """Handed by a process pool to its iterator once a dead worker was replaced: its start
-    counts again (``timeout``). ``cause``: as in ``statistics().worker_restarts``."""
-
-    cause: str
 
 
 def death_cause(code: int | None, oom_before: int | None, oom_now: int | None) -> str:
@@ -95,12 +89,12 @@ def _without(task: Task, samples: list[Any]) -> Task | None:
 def _singles(task: Task) -> list[Task]:
     """A task as single-batch tasks: a group's batches one by one, each seeded as sent
     alone (so one of them can be blamed); any other task as it is."""
-    if type(task.seed) is not tuple:
+    group = task.seed
+    if not isinstance(group, GroupSeeds):
         return [task]
-    base, epoch, ks = task.seed
-    seeds = batch_seeds(base, epoch, ks)
+    seeds = batch_seeds(group.base, group.epoch, group.ks)
     return [
-        Task(task.generation, task.idx + j, t, seed)
+        Task(generation=task.generation, idx=task.idx + j, task=t, seed=BatchSeed(seed=seed))
         for j, (t, seed) in enumerate(zip(task.task, seeds, strict=True))
     ]
 
@@ -129,7 +123,8 @@ class Isolation:
 
     def probe(self) -> Task:
         """The next probe: the task's first untried half, under the batch's seed."""
-        return Task(PROBE, PROBE, _subset(self.task.task, self._halves[0]), self.task.seed)
+        part = _subset(self.task.task, self._halves[0])
+        return Task(generation=PROBE, idx=PROBE, task=part, seed=self.task.seed)
 
     def died(self) -> None:
         """The probe killed its worker: the sample is in that half."""
@@ -213,8 +208,13 @@ class Healer:
         if rest is not None:
             self._amend[task.idx] = (samples, reason)
             return rest
-        skipped = (samples, reason, True)
-        self._ready.append((wid, Loaded(task.generation, task.idx, None, 0.0, skipped, None)))
+        skipped = Skipped(indices=samples, error=reason, dropped=True)
+        # fmt: off
+        self._ready.append((wid, Loaded(
+            generation=task.generation, idx=task.idx, batch=None, busy=0.0, skipped=skipped,
+            untouched=None,
+        )))
+        # fmt: on
         return None
 
     def answered(self, wid: int, msg: Any) -> Any:
@@ -233,10 +233,11 @@ class Healer:
         left_out = self._amend.pop(idx, None)
         if left_out is not None and type(msg) is Loaded:
             failed, why = left_out
-            if msg.skipped is None:
-                return msg._replace(skipped=(failed, why, False))
-            more, _, dropped = msg.skipped
-            return msg._replace(skipped=(sorted([*failed, *more]), why, dropped))
+            had = msg.skipped
+            if had is None:
+                return msg._replace(skipped=Skipped(indices=failed, error=why, dropped=False))
+            both = sorted([*failed, *had.indices])
+            return msg._replace(skipped=Skipped(indices=both, error=why, dropped=had.dropped))
         return msg
 
     def died(self, wid: int, code: int | None, where: str) -> str | None:
@@ -319,7 +320,7 @@ class Healer:
             "or pass skip_errors=N to leave such samples out."
         )
         remote = RemoteError(error, f"worker {wid} on sample indices {culprits}", True)
-        self._ready.append((wid, Failed(task.generation, task.idx, remote)))
+        self._ready.append((wid, Failed(generation=task.generation, idx=task.idx, error=remote)))
 
     def take_ready(self) -> tuple[int, Any] | None:
         """An answer made here (a poisoned batch's), or None."""

@@ -3,7 +3,8 @@
 A worker owns an :class:`Arena` of slots, each one POSIX shared-memory segment named
 ``stoker_<owner pid>_<loader token>_<worker id>_<sequence>`` (the owner is the main
 process). Collate writes a batch straight into a slot (:meth:`Arena.alloc`); the main
-process maps the segment once (:class:`SegmentMaps`) and *unlinks its name at once*, so
+process maps the segment once (:class:`~stoker._engine._segments.SegmentMaps`) and
+*unlinks its name at once*, so
 nothing is left in ``/dev/shm`` to leak. When the last view of a batch dies, the slot id
 goes back to the worker, which reuses the slot. Under fork, segments no live batch uses
 outlive their pool (``SegmentMaps.take_unused``) and the loader's next workers adopt them
@@ -29,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from stoker._cache import shm_room_bytes
-from stoker._osprobe import SHM_DIR, shm_unwritable
+from stoker._engine._shm_errors import descriptor_error, shm_error, unwritable_error
+from stoker._osprobe import SHM_DIR
 from stoker.errors import SharedMemoryError
 
 try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
@@ -107,10 +108,10 @@ def _populate(mm: Mapping) -> None:
     _libc().madvise(ctypes.addressof(mm), len(mm), _MADV_POPULATE_READ)
 
 
-def _round_up(n: int, to: int) -> int:
+def round_up(n: int, to: int) -> int:
     """``n`` rounded up to a multiple of ``to``.
 
-    >>> _round_up(65, 64), _round_up(64, 64), _round_up(0, 64)
+    >>> round_up(65, 64), round_up(64, 64), round_up(0, 64)
     (128, 64, 0)
     """
     return -(-n // to) * to
@@ -125,38 +126,8 @@ def segment_prefix(owner_pid: int, token: str, worker_id: int) -> str:
     return f"{NAME_PREFIX}{owner_pid}_{token}_{worker_id}_"
 
 
-def _shm_error(needed: int, workers: int, window: int) -> SharedMemoryError:
-    """The error for a slot of ``needed`` bytes that does not fit, stating what the whole
-    prefetch window of ``window`` slots over ``workers`` workers needs."""
-    free = shm_room_bytes()
-    free_text = f"{free:,} bytes are free" if free is not None else "free space unknown"
-    workers = max(1, workers)
-    prefetch = max(1, window // workers)
-    return SharedMemoryError(
-        f"shared memory ({SHM_DIR}) must hold the batches in flight, but a slot of "
-        f"{needed:,} bytes does not fit ({free_text}); the prefetch window needs about "
-        f"{workers} workers x {prefetch} prefetch_factor x {needed:,} bytes = "
-        f"{workers * prefetch * needed:,} bytes. Fix: give the container more shared memory "
-        "(docker run --shm-size=8g, or a larger /dev/shm), or use fewer workers, a smaller "
-        "prefetch_factor or batch_size, or worker_mode='thread'."
-    )
-
-
-def unwritable_error() -> SharedMemoryError | None:
-    """The error for a ``/dev/shm`` where no segment can be made (read-only, not ours),
-    raised in the main process before any worker starts; None where segments can be made."""
-    why = shm_unwritable()
-    if why is None:
-        return None
-    return SharedMemoryError(
-        f"process workers hand batches over in shared memory ({SHM_DIR}), which must be "
-        f"writable, but it is {why}. Fix: mount {SHM_DIR} read-write (docker run --shm-size=2g; "
-        "Kubernetes: an emptyDir with medium Memory at /dev/shm), or use "
-        "worker_mode='thread' (or 'auto', which then picks threads) or num_workers=0."
-    )
-
-
-def _unlink(name: str) -> None:
+def unlink(name: str) -> None:
+    """Unlink segment ``name`` (its mappings stay valid); nothing if it is gone."""
     if _posixshmem is None:  # pragma: no cover
         return
     # Read-only: the segment was never made. Nothing a worker's exit can do about either.
@@ -264,7 +235,7 @@ class Arena:
         if slot is None or slot.used + nbytes > slot.size:
             return None
         start = slot.used
-        slot.used = _round_up(start + nbytes, ALIGN)
+        slot.used = round_up(start + nbytes, ALIGN)
         return slot, start
 
     def offset_of(self, addr: int, nbytes: int) -> int | None:
@@ -276,7 +247,7 @@ class Arena:
 
     def regrow(self, needed: int) -> None:
         """Replace the current slot by one of at least ``needed`` bytes (empty)."""
-        self.hint = max(self.hint, _round_up(needed + needed // 8, _PAGE))
+        self.hint = max(self.hint, round_up(needed + needed // 8, _PAGE))
         if self.current is not None:
             self._give_back(self.current.id)
         self.placed.clear()
@@ -288,7 +259,7 @@ class Arena:
         self.placed.clear()
         if slot is None:
             return None
-        self.hint = max(self.hint, _round_up(slot.used, _PAGE))
+        self.hint = max(self.hint, round_up(slot.used, _PAGE))
         slot.sent = True
         return slot.id, slot.name, slot.size
 
@@ -357,7 +328,7 @@ class Arena:
         if spare is not None:
             spare.cancel()
         for name in self.names:
-            _unlink(name)
+            unlink(name)
         self.names.clear()
         if spare is not None:
             # Unmapping now would wait for the spare's mapping (the kernel's mmap lock);
@@ -400,7 +371,7 @@ class Arena:
 
     def _retire(self, sid: int) -> None:
         slot = self.slots.pop(sid)
-        _unlink(slot.name)
+        unlink(slot.name)
         self.names.discard(slot.name)
         self.retired.append(slot.name)
 
@@ -414,7 +385,7 @@ class Arena:
         name = f"{self.prefix}{self._seq}"
         # Known before the segment exists: a signal during creation cannot leak it.
         self.names.add(name)
-        return self._seq, name, max(_round_up(size, _PAGE), _PAGE)
+        return self._seq, name, max(round_up(size, _PAGE), _PAGE)
 
     def _make(self, sid: int, name: str, size: int, fd: int | None = None) -> Slot:
         """Create (unless ``fd`` is the segment, just created), reserve and map one
@@ -427,9 +398,9 @@ class Arena:
                 # beyond /dev/shm's size kills the worker with SIGBUS (PyTorch issue 5040).
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:
-                _unlink(name)
+                unlink(name)
                 if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG):
-                    raise _shm_error(size, self.workers, self.window) from None
+                    raise shm_error(size, self.workers, self.window) from None
                 raise
             mm = map_fd(fd, size)  # needs no new descriptor: fails only for memory
         finally:
@@ -454,35 +425,6 @@ def _create(name: str) -> int:
             "worker_mode='thread' or num_workers=0."
         ) from None
     return fd
-
-
-def descriptor_error(exc: OSError, doing: str) -> OSError | RuntimeError:
-    """``exc``, or for too many open files torch's ``RuntimeError`` with its advice and
-    stoker's (a mapped batch holds no descriptor: the rest of the process holds them)."""
-    if exc.errno not in (errno.EMFILE, errno.ENFILE):
-        return exc
-    soft, _ = _nofile_limit()
-    return RuntimeError(
-        "Too many open files. Communication with the workers is no longer possible. "
-        "Please increase the limit using `ulimit -n` in the shell or change the sharing "
-        "strategy by calling `torch.multiprocessing.set_sharing_strategy('file_system')` at "
-        f"the beginning of your code. (stoker, {doing} in process {os.getpid()}: "
-        f"{exc.strerror}, the limit is {soft} descriptors. stoker's batches hold no "
-        "descriptor while alive, so torch's sharing strategy does not apply to them: the "
-        "descriptors are held elsewhere in the process (open files, sockets, pipes); "
-        "raise the limit with `ulimit -n` or resource.setrlimit(RLIMIT_NOFILE), or close "
-        "them.)"
-    )
-
-
-def _nofile_limit() -> tuple[int, int]:
-    """This process's (soft, hard) limit on open descriptors, or (-1, -1) if unknown."""
-    try:
-        import resource
-
-        return resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
-        return -1, -1
 
 
 class _SpareSlot:
@@ -536,127 +478,4 @@ class _SpareSlot:
         """
         with self._lock:
             self._cancelled = True
-        _unlink(self.name)
-
-
-class SegmentMaps:
-    """The main process's maps of one worker's segments, by name (main process only)."""
-
-    def __init__(self) -> None:
-        self._maps: dict[str, Mapping] = {}
-        # pin_memory=True with CUDA: registers each mapping as page-locked memory (see
-        # stoker._engine._pin.SlotPins); the buffers that hold the registrations, by name.
-        self.pins: Any = None
-        self._pinned: dict[str, Any] = {}
-
-    def view(self, name: str, size: int) -> np.ndarray[Any, Any]:
-        """A fresh uint8 array over the whole segment ``name``; its ``base`` is new too.
-
-        The first call maps the segment and unlinks its name, so nothing remains in
-        ``/dev/shm`` once the main process holds it.
-        """
-        mm = self._maps.get(name)
-        if mm is None:
-            if _posixshmem is None:  # pragma: no cover
-                raise SharedMemoryError("process workers need POSIX shared memory.")
-            try:
-                fd = _posixshmem.shm_open("/" + name, os.O_RDWR, 0o600)
-                try:
-                    mm = map_fd(fd, size)  # the consumer reads it all
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                raise descriptor_error(exc, "mapping a batch from a worker") from None
-            _unlink(name)
-            self._maps[name] = mm
-        if self.pins is None:
-            return np.frombuffer(memoryview(mm), np.uint8)  # a fresh base per batch
-        self.pins.poll()
-        buf = self._pinned.get(name)
-        if buf is None:
-            buf = self._pinned[name] = self.pins.register(mm)
-        return np.frombuffer(memoryview(buf), np.uint8)  # a fresh base per batch, as above
-
-    def freeing(self, name: str, on_free: Any) -> Any:
-        """What to call when the last view of a batch in segment ``name`` dies: ``on_free``,
-        or for a registered segment, ``on_free`` once the copies reading it are done."""
-        buf = self._pinned.get(name)
-        if self.pins is None or buf is None or buf is self._maps.get(name):
-            return on_free
-        return self.pins.guard(on_free, buf)
-
-    def mapped_bytes(self) -> int:
-        """Bytes of the segments mapped now (for ``loader.statistics()``)."""
-        return sum(len(mm) for mm in self._maps.values())
-
-    def adopt(self, name: str, mm: Mapping) -> None:
-        """Know a segment mapped before (by an earlier pool of the same loader)."""
-        self._maps[name] = mm
-
-    def keep(self, name: str, size: int) -> None:
-        """Map segment ``name`` as :meth:`view` does, and unlink it, even if it cannot be
-        mapped."""
-        with contextlib.suppress(OSError):
-            self.view(name, size)
-        _unlink(name)
-
-    def take_unused(self, in_use: set[str]) -> list[tuple[str, Mapping]]:
-        """Forget every segment; return those not in ``in_use`` (no live batch views)."""
-        out = [(n, mm) for n, mm in self._maps.items() if n not in in_use]
-        self._maps.clear()
-        self._pinned.clear()
-        return out
-
-    def drop(self, names: list[str]) -> None:
-        """Forget retired segments (views still alive keep their memory)."""
-        for name in names:
-            self._maps.pop(name, None)
-            self._pinned.pop(name, None)
-
-    def clear(self) -> None:
-        """Forget every segment."""
-        self._maps.clear()
-        self._pinned.clear()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one we may not signal counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_dead_owners() -> int:
-    """Unlink stoker segments whose owner process is dead; returns how many.
-
-    A main process killed with SIGKILL together with its workers cannot clean up; the
-    next loader on the machine does.
-    """
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
-    swept = 0
-    for name in names:
-        if not name.startswith(NAME_PREFIX):
-            continue
-        pid_text = name[len(NAME_PREFIX) :].split("_", 1)[0]
-        if pid_text.isdigit() and not pid_alive(int(pid_text)):
-            _unlink(name)
-            swept += 1
-    return swept
-
-
-def unlink_prefix(prefix: str) -> None:
-    """Unlink every segment whose name starts with ``prefix`` (after a worker was killed)."""
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix):
-            _unlink(name)
+        unlink(self.name)

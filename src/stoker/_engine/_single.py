@@ -129,8 +129,8 @@ class SingleProcessIterator:
                 raise
             if skipped is not None:
                 epoch.skip(k, skipped)  # raises past the cap
-                self._stats.skipped += len(skipped[0])
-            if epoch.deliver(k) and (skipped is None or not skipped[2]):
+                self._stats.skipped += len(skipped.indices)
+            if epoch.deliver(k) and (skipped is None or not skipped.dropped):
                 break
         if self._step is not None:
             data = self._step(data)

@@ -163,15 +163,24 @@ class HelpBoard:
     def _may(self, wid: int, job: Job) -> bool:
         return wid < self.helpers or (job.timed and self.probing)
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], timed: bool = False) -> list[Any]:
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        timed: bool = False,
+        first_done: tuple[Any, float] | None = None,
+    ) -> list[Any]:
         """``[fn(x) for x in items]``, with idle threads helping when ``fn`` is slow
-        (``timed``: for the probe, see the class docstring)."""
+        (``timed``: for the probe, see the class docstring); ``first_done``: the first
+        item's result and seconds, loaded by the caller already."""
         items = list(items)
         if not items:
             return []
-        started = time.perf_counter()
-        first = fn(items[0])
-        if len(items) == 1 or time.perf_counter() - started < THREAD_SPLIT_MIN_S:
+        if first_done is None:
+            started = time.perf_counter()
+            first_done = (fn(items[0]), time.perf_counter() - started)
+        first, seconds = first_done
+        if len(items) == 1 or seconds < THREAD_SPLIT_MIN_S:
             return [first] + [fn(x) for x in items[1:]]
         job = Job(fn, items, first, timed)
         with self._lock:
@@ -191,4 +200,4 @@ class HelpBoard:
             helpers = [w for w in self._idle if self._may(w, job)][: job.left() - 1]
             self._idle.difference_update(helpers)
         for wid in helpers:
-            self._inboxes[wid].put(Help(job))
+            self._inboxes[wid].put(Help(job=job))

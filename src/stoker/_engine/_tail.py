@@ -22,7 +22,7 @@ import numpy as np
 from stoker import _torch
 from stoker._batch import Alloc
 from stoker._collate import numpy_dtype
-from stoker._engine._transport import RemoteError
+from stoker._engine._errors import RemoteError
 from stoker._engine._window import Failure
 from stoker.errors import CollateError
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from stoker._engine._transport import RemoteError
+    from stoker._engine._errors import RemoteError
+    from stoker._fetch import Skipped
 
 
 class Failure:
@@ -24,6 +25,15 @@ class Failure:
 
     def __init__(self, remote: RemoteError) -> None:
         self.remote = remote
+
+
+class Entry(NamedTuple):
+    """A task's result in the window: batch ``k`` of the epoch, its ``item`` (the batch,
+    or the :class:`Failure` raised in its turn) and what it ``skipped`` (``skip_errors``)."""
+
+    k: int
+    item: Any
+    skipped: Skipped | None = None
 
 
 class _Skip:
@@ -57,7 +67,7 @@ class ReorderWindow:
         self.running: dict[int, int] = {}  # idx -> worker until answered, in the order sent
         self._batch: dict[int, int] = {}  # idx -> batch number k, until answered
         self._owner: dict[int, int] = {}  # idx -> worker, until it leaves the window
-        self._ready: dict[int, Any] = {}
+        self._ready: dict[int, Entry | _Skip] = {}
         self._round = 0  # round robin: the next worker to try
 
     @property
@@ -135,9 +145,9 @@ class ReorderWindow:
         self.active[wid] = False
         self.skip(idx)
 
-    def put(self, idx: int, item: Any) -> None:
+    def put(self, idx: int, entry: Entry) -> None:
         """Task ``idx``'s result, to be delivered in its turn."""
-        self._ready[idx] = item
+        self._ready[idx] = entry
 
     def skip(self, idx: int) -> None:
         """Task ``idx`` has nothing to deliver: passed over in its turn."""
@@ -146,7 +156,7 @@ class ReorderWindow:
         else:
             self._leave(idx)
 
-    def pop(self) -> Any:
+    def pop(self) -> Entry | None:
         """The next result to deliver, or None while it is not in."""
         ready = self._ready
         if not self.in_order:
@@ -163,7 +173,7 @@ class ReorderWindow:
                 return None
             self._next += 1
         self._leave(idx)
-        return ready.pop(idx)
+        return ready.pop(idx)  # type: ignore[return-value]  # skips never reach here
 
     def waiting_for(self) -> int:
         """The worker whose answer the next delivery waits for (in order), or the busiest."""

@@ -459,9 +459,9 @@ def save(index: ShardIndex, path: str, missing_ok: bool = False) -> None:
             f.write(index.to_json())
         os.replace(tmp, path)
     except OSError:
-        _remote._remove(tmp)
+        _remote.remove(tmp)
         if not missing_ok:  # a read-only folder: the index lives in memory only
             raise
     except BaseException:
-        _remote._remove(tmp)
+        _remote.remove(tmp)
         raise

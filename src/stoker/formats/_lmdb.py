@@ -229,7 +229,7 @@ class LMDBWriter:
         except BaseException:
             self.abort()  # a close that fails leaves no temporary or lock file behind
             raise
-        _remote._remove(self._tmp + "-lock")
+        _remote.remove(self._tmp + "-lock")
         self._tmp = None
 
     def abort(self) -> None:
@@ -238,8 +238,8 @@ class LMDBWriter:
             self._env.close()
             self._env = None
         if self._tmp is not None:
-            _remote._remove(self._tmp)
-            _remote._remove(self._tmp + "-lock")
+            _remote.remove(self._tmp)
+            _remote.remove(self._tmp + "-lock")
             self._tmp = None
 
     def __len__(self) -> int:
@@ -487,6 +487,17 @@ class LMDBDataset(Dataset[Any]):
     def _close_env(self) -> None:
         self._env = None  # the environment closes when its last dataset drops it
         self._pid = -1
+
+    def field_sizes(self) -> dict[str, list[int]]:
+        """Each field's stored bytes, sample by sample (``stoker inspect``)."""
+        sizes: dict[str, list[int]] = {}
+        with self._open_env().begin(buffers=True) as txn:
+            for i, key in enumerate(self.keys.tolist()):
+                for name in self._fieldsets[int(self._sets[i])]:
+                    value = txn.get(f"{key.decode()}.{name}".encode())
+                    sizes.setdefault(name, []).append(0 if value is None else len(value))
+        self._close_env()
+        return sizes
 
     def __len__(self) -> int:
         return len(self.keys)

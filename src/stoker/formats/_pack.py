@@ -308,11 +308,11 @@ def _pack_shards(
             old = _remote.temp_name(dst)
             os.replace(dst, old)
             os.replace(tmp, dst)
-            _remote._remove(old)
+            _remote.remove(old)
         else:
             os.replace(tmp, dst)
     except BaseException:
-        _remote._remove(tmp)
+        _remote.remove(tmp)
         raise
     return [os.path.join(dst, n) for n in names] + [
         os.path.join(dst, n + INDEX_SUFFIX) for n in names
@@ -377,14 +377,7 @@ def _inspect_lmdb(path: str, samples: int) -> str:
     from stoker.formats._lmdb import LMDBDataset
 
     ds = LMDBDataset(path)
-    sizes: dict[str, list[int]] = {}
-    env = ds._open_env()
-    with env.begin(buffers=True) as txn:
-        for i, key in enumerate(ds.keys.tolist()):
-            for name in ds._fieldsets[int(ds._sets[i])]:
-                value = txn.get(f"{key.decode()}.{name}".encode())
-                sizes.setdefault(name, []).append(0 if value is None else len(value))
-    ds._close_env()
+    sizes = ds.field_sizes()
     meta = ds.meta
     lines = [
         f"{path}: stoker LMDB file, version {meta.get('version')}",

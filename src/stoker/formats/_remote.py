@@ -26,7 +26,7 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
-from stoker._engine._shm import pid_alive
+from stoker._engine._segments import pid_alive
 
 _TMP_MARK = ".stoker-tmp-"
 _BRACE = re.compile(r"\{(\d+)\.\.(\d+)\}")
@@ -246,7 +246,7 @@ def cached(
             shutil.copyfileobj(src, dst, _COPY_CHUNK)
         os.replace(tmp, target)  # atomic: concurrent readers see the whole file or none
     except BaseException:
-        _remove(tmp)
+        remove(tmp)
         raise
     return target
 
@@ -308,7 +308,7 @@ def sweep_stale(final: str) -> list[str]:
         if pid_text.isdigit() and pid_alive(int(pid_text)):
             continue
         path = os.path.join(head, name)
-        _remove(path)
+        remove(path)
         removed.append(path)
     return removed
 
@@ -331,7 +331,8 @@ def writing(path: str) -> Iterator[None]:
         ) from exc
 
 
-def _remove(path: str) -> None:
+def remove(path: str) -> None:
+    """Remove the file or directory ``path``, if it is there (a failure is not raised)."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
         return

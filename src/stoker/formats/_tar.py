@@ -206,14 +206,14 @@ class ShardWriter:
             _index.save(index, idx_tmp)
             _remote.upload(idx_tmp, self._final + INDEX_SUFFIX, self.storage_options)
             _remote.upload(self._tmp, self._final, self.storage_options)
-            _remote._remove(idx_tmp)
-            _remote._remove(self._tmp)
+            _remote.remove(idx_tmp)
+            _remote.remove(self._tmp)
         else:
             _index.save(index, self._final + INDEX_SUFFIX)
             try:
                 os.replace(self._tmp, self._final)
             except BaseException:
-                _remote._remove(self._final + INDEX_SUFFIX)  # no index without its shard
+                _remote.remove(self._final + INDEX_SUFFIX)  # no index without its shard
                 raise
         self.shards.append(self._final)
         self._tmp = None
@@ -228,7 +228,7 @@ class ShardWriter:
                 self.abort()
                 raise
         if self._local_dir is not None:
-            _remote._remove(self._local_dir)
+            _remote.remove(self._local_dir)
             self._local_dir = None
 
     def abort(self) -> None:
@@ -238,10 +238,10 @@ class ShardWriter:
                 self._file.close()
             self._file = None
         if self._tmp is not None:
-            _remote._remove(self._tmp)
+            _remote.remove(self._tmp)
             self._tmp = None
         if self._local_dir is not None:
-            _remote._remove(self._local_dir)
+            _remote.remove(self._local_dir)
             self._local_dir = None
 
 

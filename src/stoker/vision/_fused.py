@@ -534,7 +534,7 @@ def decode_threads() -> int:
     cores = max(1, min(cores or 1, _MAX_THREADS))
     if info is None:
         return cores
-    if getattr(_worker_info._thread_local, "info", None) is not None:
+    if _worker_info.in_worker_thread():
         return 1  # a thread worker: the loader already runs one thread per core
     return max(1, cores // max(1, info.num_workers))
 
