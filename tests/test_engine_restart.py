@@ -29,7 +29,7 @@ import pytest
 
 import stoker
 import stoker.torch
-from stoker._engine._messages import Loaded, Probe, Task
+from stoker._engine._messages import BatchSeed, GroupSeeds, Loaded, Probe, Task
 from stoker._engine._restart import PROBE, Healer, death_cause
 from stoker._random import mix_seed
 from stoker.errors import WorkerError
@@ -343,23 +343,27 @@ def _healer(skip: bool = False, budget: int = 1) -> tuple[Healer, _Posts]:
 
 def _loaded(task: Task, generation: int | None = None) -> Loaded:
     gen = task.generation if generation is None else generation
-    return Loaded(gen, task.idx, object(), 0.0, None, None)
+    return Loaded(
+        generation=gen, idx=task.idx, batch=object(), busy=0.0, skipped=None, untouched=None
+    )
 
 
 def test_the_healer_issues_the_unanswered_tasks_again_in_order() -> None:
     """Answered tasks are not issued again; a group goes batch by batch, each under the
     seed the group gave it; a death past the budget is refused (the pool raises)."""
     healer, posts = _healer()
-    a, b = Task(1, 0, [0, 1], 11), Task(1, 1, [2, 3], 12)
-    group = Task(1, 2, [np.array([4]), np.array([5])], (9, 0, [2, 3]))
+    a = Task(generation=1, idx=0, task=[0, 1], seed=BatchSeed(seed=11))
+    b = Task(generation=1, idx=1, task=[2, 3], seed=BatchSeed(seed=12))
+    seeds = GroupSeeds(base=9, epoch=0, ks=[2, 3])
+    group = Task(generation=1, idx=2, task=[np.array([4]), np.array([5])], seed=seeds)
     assert healer.sent(0, [a, b, group]) == [a, b, group]
     assert healer.answered(0, _loaded(a)) is not None
     assert healer.died(0, -9, "worker 0 (pid 1)") == "worker 0 (pid 1): killed by SIGKILL"
     healer.restarted(0)
     (wid, again), *_ = posts.sent
     singles = [
-        Task(1, 2, group.task[0], mix_seed(9, 0, 2)),
-        Task(1, 3, group.task[1], mix_seed(9, 0, 3)),
+        Task(generation=1, idx=2, task=group.task[0], seed=BatchSeed(seed=mix_seed(9, 0, 2))),
+        Task(generation=1, idx=3, task=group.task[1], seed=BatchSeed(seed=mix_seed(9, 0, 3))),
     ]
     assert (
         wid == 0
@@ -375,7 +379,7 @@ def test_the_healer_isolates_a_sample_by_halves() -> None:
     """A task blamed twice: halves of it go alone to fresh workers; the half that kills is
     halved again until one sample is left, which its batch's error names."""
     healer, posts = _healer()
-    task = Task(1, 0, np.array([10, 11, 12, 13]), 5)
+    task = Task(generation=1, idx=0, task=np.array([10, 11, 12, 13]), seed=BatchSeed(seed=5))
     healer.sent(0, [task])
     healer.died(0, -11, "worker 0")  # restart 1, the task blamed
     healer.restarted(0)
@@ -383,7 +387,10 @@ def test_the_healer_isolates_a_sample_by_halves() -> None:
     healer.restarted(0)
     probes = lambda: posts.sent[-1][1][0].task.tolist()  # noqa: E731
     assert probes() == [10, 11]
-    autotune = Probe(PROBE, 1, 0.0, 0.0, 0.0, 0.0, 1, 2, 0)
+    autotune = Probe(
+        generation=PROBE, samples=1, wall=0.0, cpu=0.0, rest_wall=0.0, rest_cpu=0.0, threads=1,
+        batch_len=2, nbytes=0,
+    )
     assert healer.answered(0, autotune) is None and probes() == [10, 11]  # not an answer
     assert healer.answered(0, _loaded(posts.sent[-1][1][0])) is None  # [10, 11] loads
     assert probes() == [12, 13]

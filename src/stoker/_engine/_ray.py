@@ -56,8 +56,9 @@ _WAIT_SLICE_S = 1.0
 
 
 class _Hello(NamedTuple):
-    """An actor's first answer: where it runs, and the messages of its start-up."""
+    """An actor's first answer: who and where it is, and the messages of its start-up."""
 
+    actor_id: str
     node_id: str
     node_ip: str
     pid: int
@@ -154,7 +155,12 @@ class RayWorker:
         ctx = ray.get_runtime_context()
         messages = self._sink.answers.get()
         ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        return _Hello(ctx.get_node_id(), ip, os.getpid(), messages)
+        # fmt: off
+        return _Hello(
+            actor_id=ctx.get_actor_id() or "", node_id=ctx.get_node_id(), node_ip=ip,
+            pid=os.getpid(), messages=messages,
+        )
+        # fmt: on
 
     def load(self, task: Task) -> list[Any]:
         """The messages of one task: its batch (or group), a failure, a snapshot..."""
@@ -226,10 +232,10 @@ class _Actor:
 
     def where(self) -> str:
         """'Ray actor 1a2b... (pid 42) on node 127.0.0.1 (node id 9f8e...)'."""
-        actor = self.actor._actor_id.hex()[:12] if self.actor is not None else "not made"
         if self.hello is None:
-            return f"Ray actor {actor} (its node not known yet)"
-        h = self.hello
+            made = "placed" if self.actor is not None else "made"
+            return f"Ray actor (not {made} yet: its node is not known)"
+        h, actor = self.hello, self.hello.actor_id[:12]
         return f"Ray actor {actor} (pid {h.pid}) on node {h.node_ip} (node id {h.node_id[:12]})"
 
 
