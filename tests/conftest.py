@@ -20,6 +20,8 @@ from typing import TypeVar
 
 import pytest
 
+import _early
+
 _LEAK_WAIT_S = 30.0
 """How long a leftover may take to disappear after the test ends: generous, since a loaded
 machine may leave an exiting worker without a CPU for seconds; a real leak stays."""
@@ -120,6 +122,22 @@ def leftovers(before: dict[str, set[object]]) -> dict[str, set[object]]:
             return extra
         time.sleep(pause)  # polls a condition no event announces, up to the bound
         pause = min(2 * pause, longest)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests whose subprocesses start early go last (see ``tests/_early.py``)."""
+    items.sort(key=_early.is_early)  # stable: the others keep their order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the subprocess checks of the selected tests now, beside the others (see
+    ``tests/_early.py``): before the first test, so every leak check sees their processes."""
+    if not session.config.option.collectonly:
+        _early.start(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _early.stop_all()
 
 
 @pytest.fixture(autouse=True)
