@@ -187,8 +187,19 @@ def _first_error(loader: DataLoader[Any]) -> tuple[int, type[BaseException], str
         except StopIteration:
             break
         except Exception as exc:
-            return k, type(exc), str(exc)
+            return k, type(_untraced(exc)), str(exc)
     raise AssertionError("no error was raised")
+
+
+def _untraced(exc: BaseException) -> BaseException:
+    """``exc``, the tracebacks of its chain dropped: they hold the iterator's frames, in a
+    cycle that keeps its workers until a garbage collection (torch's then waits 5 s for a
+    live one), rather than stopping them as the error is caught."""
+    link: BaseException | None = exc
+    while link is not None:
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return exc
 
 
 @pytest.mark.parametrize("to", ["process", "thread"])
@@ -318,9 +329,7 @@ class _Rows(torch_data.Dataset[Any]):
 
 def _moment(make: Callable[[], Any]) -> tuple[str, type[BaseException] | None, str]:
     """Where (``"init"``, ``"iter"``, ``"next"``) a loader made by ``make`` first raises, the
-    exception's type and message; ``("none", None, "")`` if it never does. The error's
-    tracebacks are dropped: torch's iterator, in a cycle with them, would wait at garbage
-    collection for its live worker (5 s) instead of stopping it when the error is caught."""
+    exception's type and message; ``("none", None, "")`` if it never does."""
     stage = "init"
     try:
         loader = make()
@@ -330,11 +339,7 @@ def _moment(make: Callable[[], Any]) -> tuple[str, type[BaseException] | None, s
         for _ in it:
             pass
     except Exception as exc:
-        link: BaseException | None = exc
-        while link is not None:
-            link.__traceback__ = None
-            link = link.__cause__ or link.__context__
-        return stage, type(exc), str(exc)
+        return stage, type(_untraced(exc)), str(exc)
     return "none", None, ""
 
 
