@@ -17,6 +17,7 @@ running is killed, and its directory removed, when the session ends.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -33,13 +34,20 @@ import pytest
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 _SEQUENCE = """
-import subprocess, sys, json
-for argv in json.loads(sys.argv[1]):
+import fcntl, json, subprocess, sys
+if sys.argv[2]:
+    with open(sys.argv[2]) as before:
+        fcntl.flock(before, fcntl.LOCK_EX)  # the job started before this one has ended
+for argv in json.loads(sys.argv[3]):
     code = subprocess.call(argv)
     if code:
         sys.exit(code)
 """
-"""Runs the job's commands one after another; the first that fails ends it."""
+"""A job's driver: once the job started before it has ended, runs the commands one after
+another; the first that fails ends it. Each driver holds a lock (``argv[1]``, its
+descriptor, locked before it began) until it exits, the next one waits for it: the jobs
+take turns on one core, the one the suite leaves idle, in the order their tests run,
+rather than all of them at once beside the first tests."""
 
 
 class Job(NamedTuple):
@@ -68,6 +76,7 @@ class _Running(NamedTuple):
 
 
 _RUNNING: dict[str, _Running] = {}
+_LAST: list[Path] = []  # the directory of the job started last, whose lock the next waits on
 
 
 def starts_early(job: Callable[[Path], Job | None]) -> Callable[[_F], _F]:
@@ -87,7 +96,7 @@ def is_early(item: pytest.Item) -> bool:
 
 
 def start(items: Iterable[pytest.Item]) -> None:
-    """Start the jobs of the selected ``items`` (called when collection ends)."""
+    """Start the jobs of the selected ``items``, to run in their order (see _SEQUENCE)."""
     for item in items:
         if not is_early(item) or item.nodeid in _RUNNING:
             continue
@@ -97,14 +106,18 @@ def start(items: Iterable[pytest.Item]) -> None:
         if job is None:
             shutil.rmtree(tmp, ignore_errors=True)
             continue
-        log = tmp / "output.log"
-        argv = [sys.executable, "-c", _SEQUENCE, json.dumps(job.commands)]
-        with open(log, "wb") as out:
+        log, lock = tmp / "output.log", tmp / "running.lock"
+        before = str(_LAST[0] / "running.lock") if _LAST else ""
+        with open(log, "wb") as out, open(lock, "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # passed on: the driver holds it until it exits
+            argv = [sys.executable, "-c", _SEQUENCE, str(held.fileno()), before]
             proc = subprocess.Popen(
-                argv, cwd=job.cwd or tmp, env=job.env, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [*argv, json.dumps(job.commands)], cwd=job.cwd or tmp, env=job.env,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, pass_fds=(held.fileno(),),
             )  # fmt: skip
         _RUNNING[item.nodeid] = _Running(proc, tmp, log)
+        _LAST[:] = [tmp]
 
 
 def finished(request: pytest.FixtureRequest, timeout: float) -> Finished:
@@ -129,6 +142,7 @@ def stop_all() -> None:
             _kill(run.proc)
         shutil.rmtree(run.tmp, ignore_errors=True)
     _RUNNING.clear()
+    _LAST.clear()
 
 
 def python_env(*paths: str, **extra: str) -> dict[str, str]:
