@@ -6,8 +6,9 @@ unlinked by a worker may take a while to disappear (on a busy machine, seconds):
 something is left, the fixture looks again, collects garbage, and only what is still
 there after :data:`_LEAK_WAIT_S` fails the test that left it. When nothing is left, as
 after most tests, the check costs one look. A look costs a fraction of a millisecond, a
-full collection a few hundred with the suite's modules loaded, so the fixture collects
-only when looks alone have not seen the leftovers go (:data:`_COLLECT_S`).
+full collection more (tenths of a second with the suite's modules loaded, were they not
+frozen), so the fixture collects only when looks alone have not seen the leftovers go
+(:data:`_COLLECT_S`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ _LEAK_WAIT_S = 30.0
 machine may leave an exiting worker without a CPU for seconds; a real leak stays."""
 _RECHECK_S = (0.002, 0.05)
 """The first and the longest pause between two looks (doubling from one to the other)."""
-_COLLECT_S = (0.1, 1.0)
+_COLLECT_S = (0.01, 0.25)
 """When the first full garbage collection comes (seconds after the first look), and how
 often the next ones do: what a collection frees (a reference cycle that holds a pool)
-goes at the next look; an exiting worker or a joined thread goes by itself, mostly
-sooner than the first collection would come."""
+goes at the next look; an exiting worker or a joined thread goes by itself. With the
+collection's objects frozen (:func:`pytest_collection_finish`), one takes milliseconds."""
 
 _SHM_DIR = "/dev/shm"
 
@@ -140,11 +141,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Before the first test: freeze what collection made (every test module, torch,
-    Lightning...) out of the garbage collector's sight, and start the subprocess checks of
-    the selected tests, beside the others (see ``tests/_early.py``), so that every leak
-    check sees their processes. Frozen, those objects (none of them a test's) cost nothing
-    at each full collection, which took 0.2-0.4 s with them, nor copies of their pages
-    in forked workers, which a collection's writes made."""
+    Accelerate, datasets...) out of the garbage collector's sight, and start the subprocess
+    checks of the selected tests, beside the others (see ``tests/_early.py``), so that
+    every leak check sees their processes. Frozen, those objects (none of them a test's)
+    cost nothing at each full collection, which took 0.2-0.4 s with them, nor copies of
+    their pages in forked workers, which a collection's writes made."""
     if session.config.option.collectonly:
         return
     gc.collect()
