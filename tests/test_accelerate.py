@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import textwrap
 import warnings
@@ -88,10 +87,15 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_ON_A_FREE_PORT = """
+import os, socket, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = str(s.getsockname()[1])
+at = sys.argv.index("--main_process_port") + 1
+os.execv(sys.executable, [sys.executable, "-m", *sys.argv[1:at], port, *sys.argv[at:]])
+"""
+"""Runs ``python -m ARGS`` with a free port of 127.0.0.1 after ``--main_process_port``."""
 
 
 _N = 24
@@ -106,13 +110,12 @@ def _launches(tmp: Path) -> Job:
     env = python_env(_SRC, HF_HOME=str(tmp / "hf"), OMP_NUM_THREADS="1")  # no user config
 
     # The launcher that starts N processes (--cpu starts one); Accelerator(cpu=True) in the
-    # script makes them CPU processes over gloo.
+    # script makes them CPU processes over gloo. The port is picked as it starts.
     def launch(mode: str) -> list[str]:
         return [
-            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+            sys.executable, "-c", _ON_A_FREE_PORT, "accelerate.commands.launch", "--multi_gpu",
             "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-            "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1",
-            "--main_process_port", str(_free_port()),
+            "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1", "--main_process_port",
             str(script), mode, str(tmp), str(tmp / "ckpt"), str(_N),
         ]  # fmt: skip
 
