@@ -146,9 +146,12 @@ def stop_all() -> None:
 
 
 def python_env(*paths: str, **extra: str) -> dict[str, str]:
-    """This environment with ``paths`` first on ``PYTHONPATH``, and ``extra``."""
+    """This environment with ``paths`` first on ``PYTHONPATH``, and ``extra``; the entries
+    made absolute (``PYTHONPATH=src`` from the checkout), as a job runs in a folder of its
+    own."""
     env = {**os.environ, **extra}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, env.get("PYTHONPATH")) if p)
+    entries = [*paths, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in entries if p)
     return env
 
 
