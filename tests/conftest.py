@@ -3,9 +3,12 @@
 The check runs after each test (autouse). Worker pools shut down from ``weakref.finalize``,
 and a process that was told to exit, a thread that was joined elsewhere or a segment
 unlinked by a worker may take a while to disappear (on a busy machine, seconds): so while
-something is left, the fixture collects garbage and looks again, and only what is still
+something is left, the fixture looks again, collects garbage, and only what is still
 there after :data:`_LEAK_WAIT_S` fails the test that left it. When nothing is left, as
-after most tests, the check costs one look.
+after most tests, the check costs one look. A look costs a fraction of a millisecond, a
+full collection more (tenths of a second with the suite's modules loaded, were they not
+frozen), so the fixture collects only when looks alone have not seen the leftovers go
+(:data:`_COLLECT_S`).
 """
 
 from __future__ import annotations
@@ -20,11 +23,18 @@ from typing import TypeVar
 
 import pytest
 
+import _early
+
 _LEAK_WAIT_S = 30.0
 """How long a leftover may take to disappear after the test ends: generous, since a loaded
 machine may leave an exiting worker without a CPU for seconds; a real leak stays."""
-_RECHECK_S = (0.01, 0.25)
+_RECHECK_S = (0.002, 0.05)
 """The first and the longest pause between two looks (doubling from one to the other)."""
+_COLLECT_S = (0.01, 0.25)
+"""When the first full garbage collection comes (seconds after the first look), and how
+often the next ones do: what a collection frees (a reference cycle that holds a pool)
+goes at the next look; an exiting worker or a joined thread goes by itself. With the
+collection's objects frozen (:func:`pytest_collection_finish`), one takes milliseconds."""
 
 _SHM_DIR = "/dev/shm"
 
@@ -107,19 +117,44 @@ def _snapshot() -> dict[str, set[object]]:
 def leftovers(before: dict[str, set[object]]) -> dict[str, set[object]]:
     """What exists now that did not before, after garbage collection and a bounded wait
     for it to go (see the module docstring)."""
-    deadline = time.monotonic() + _LEAK_WAIT_S
+    start = time.monotonic()
+    deadline = start + _LEAK_WAIT_S
     pause, longest = _RECHECK_S
-    collect = False  # a full collection costs ~0.1 s with torch loaded: only when needed
+    collect_at = start + _COLLECT_S[0]
     while True:
-        if collect:
-            gc.collect()
-        collect = True
         now = _snapshot()
         extra = {k: now[k] - before[k] for k in now if now[k] - before[k]}
         if not extra or time.monotonic() > deadline:
             return extra
+        if time.monotonic() >= collect_at:
+            gc.collect()  # then look again at once
+            collect_at = time.monotonic() + _COLLECT_S[1]
+            continue
         time.sleep(pause)  # polls a condition no event announces, up to the bound
         pause = min(2 * pause, longest)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests whose subprocesses start early go last (see ``tests/_early.py``)."""
+    items.sort(key=_early.is_early)  # stable: the others keep their order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Before the first test: freeze what collection made (every test module, torch,
+    Accelerate, datasets...) out of the garbage collector's sight, and start the subprocess
+    checks of the selected tests, beside the others (see ``tests/_early.py``), so that
+    every leak check sees their processes. Frozen, those objects (none of them a test's)
+    cost nothing at each full collection, which took 0.2-0.4 s with them, nor copies of
+    their pages in forked workers, which a collection's writes made."""
+    if session.config.option.collectonly:
+        return
+    gc.collect()
+    gc.freeze()
+    _early.start(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _early.stop_all()
 
 
 @pytest.fixture(autouse=True)

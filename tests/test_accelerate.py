@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -23,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from _early import Job, finished, python_env, starts_early
 
 torch = pytest.importorskip("torch")
 accelerate = pytest.importorskip("accelerate")
@@ -87,31 +87,42 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_ON_A_FREE_PORT = """
+import os, socket, sys
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = str(s.getsockname()[1])
+at = sys.argv.index("--main_process_port") + 1
+os.execv(sys.executable, [sys.executable, "-m", *sys.argv[1:at], port, *sys.argv[at:]])
+"""
+"""Runs ``python -m ARGS`` with a free port of 127.0.0.1 after ``--main_process_port``."""
 
 
-def _launch(tmp: Path, mode: str, n: int) -> list[dict[str, Any]]:
+_N = 24
+"""Samples per epoch in the launched runs: 4 batches of 3 per process, no padding."""
+
+
+def _launches(tmp: Path) -> Job:
+    """Two launches of the script, one after the other: the run, and the resume from its
+    checkpoint in new processes (started as the session starts: see tests/_early.py)."""
     script = tmp / "train.py"
     script.write_text(_SCRIPT)
-    env = {
-        **os.environ,
-        "PYTHONPATH": _SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "HF_HOME": str(tmp / "hf"),  # no user config
-        "OMP_NUM_THREADS": "1",
-    }
+    env = python_env(_SRC, HF_HOME=str(tmp / "hf"), OMP_NUM_THREADS="1")  # no user config
+
     # The launcher that starts N processes (--cpu starts one); Accelerator(cpu=True) in the
-    # script makes them CPU processes over gloo.
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()),
-        str(script), mode, str(tmp), str(tmp / "ckpt"), str(n),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # script makes them CPU processes over gloo. The port is picked as it starts.
+    def launch(mode: str) -> list[str]:
+        return [
+            sys.executable, "-c", _ON_A_FREE_PORT, "accelerate.commands.launch", "--multi_gpu",
+            "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1", "--main_process_port",
+            str(script), mode, str(tmp), str(tmp / "ckpt"), str(_N),
+        ]  # fmt: skip
+
+    return Job([launch("run"), launch("resume")], env)
+
+
+def _reports(tmp: Path, mode: str) -> list[dict[str, Any]]:
     return [json.loads((tmp / f"{mode}_{r}.json").read_text()) for r in range(2)]
 
 
@@ -126,13 +137,17 @@ def _indices(batches: list[list[list[int]]]) -> list[list[int]]:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_accelerate_launch_two_processes_keeps_stoker_and_resumes(tmp_path: Path) -> None:
+@starts_early(_launches)
+def test_accelerate_launch_two_processes_keeps_stoker_and_resumes(
+    request: pytest.FixtureRequest,
+) -> None:
     """2 processes under accelerate launch: disjoint shards covering the epoch, batches
     from stoker's workers, even_batches padding as Accelerate pads torch's loader, and
     save_state() mid-epoch + load_state() in a new launch giving exactly the remaining
     batches."""
-    n = 24  # 4 batches of 3 per process: no padding
-    runs = _launch(tmp_path, "run", n)
+    job = finished(request, timeout=110)  # within the suite's 120 s per test
+    assert job.returncode == 0, job.output[-3000:]
+    n, runs = _N, _reports(job.tmp, "run")
     for r in runs:
         assert r["stoker_class"] and r["len"] == 4
         pids = {row[1] for b in r["epoch0"] for row in b}
@@ -149,7 +164,7 @@ def test_accelerate_launch_two_processes_keeps_stoker_and_resumes(tmp_path: Path
     assert [[len(b) for b in r["odd"]] for r in runs] == [[3] * 4] * 2
     assert [[len(b) for b in r["odd_torch"]] for r in runs] == [[3] * 4] * 2
     assert set(odd[0] + odd[1]) == set(range(23)) and len(odd[0] + odd[1]) == 24
-    resumed = _launch(tmp_path, "resume", n)
+    resumed = _reports(job.tmp, "resume")
     for r, again in zip(runs, resumed, strict=True):
         assert _indices(again["resumed"]) == _indices(r["rest"]) and len(r["rest"]) == 2
 

@@ -8,9 +8,9 @@ it trained and validated on, per epoch, for the test to check.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lightning")
+from _early import Job, finished, python_env, starts_early
+
+if importlib.util.find_spec("lightning") is None:  # not imported here: only its job uses it
+    pytest.skip("lightning is not installed", allow_module_level=True)
 
 N_TRAIN = 64
 N_VAL = 32
@@ -110,38 +113,30 @@ def _session_members(sid: int) -> list[int]:
     return pids
 
 
+def _fit(tmp: Path) -> Job:
+    """The training script, run as the session starts (see tests/_early.py)."""
+    script = tmp / "train.py"
+    script.write_text(SCRIPT)
+    (tmp / "out").mkdir()
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = python_env(src, PL_DISABLE_FORK="1", PYTHONWARNINGS="ignore")
+    return Job([[sys.executable, str(script), str(tmp / "out")]], env)
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)  # two ranks import Lightning and torch: slow on a loaded machine
-def test_ddp_ranks_share_each_epoch(tmp_path: Path) -> None:
+@starts_early(_fit)
+def test_ddp_ranks_share_each_epoch(request: pytest.FixtureRequest) -> None:
     """Two DDP ranks (gloo) train disjoint halves that cover the dataset once per epoch,
     in a new order each epoch, on the stoker.torch loaders Lightning rebuilt; the
     validation loader passed to fit() is split too; nothing is left running."""
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    out = tmp_path / "out"
-    out.mkdir()
-    env = dict(os.environ, PL_DISABLE_FORK="1", PYTHONWARNINGS="ignore")
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(out)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        log, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-    assert proc.returncode == 0, log.decode(errors="replace")[-4000:]
+    job = finished(request, timeout=280)
+    assert job.returncode == 0, job.output[-4000:]
+    out = job.tmp / "out"
 
     deadline = time.monotonic() + 30  # generous: on a busy machine exits take seconds
-    while (left := _session_members(proc.pid)) and time.monotonic() < deadline:
+    while (left := _session_members(job.pid)) and time.monotonic() < deadline:
         time.sleep(0.05)  # polls the kernel's asynchronous reaping, which nothing announces
     assert left == [], f"processes left behind: {left}"
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from _early import Job, finished, python_env, starts_early
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,24 +56,32 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", cc).split()[0])
 
 
+def _build(tmp: Path) -> Job | None:
+    """Build the extension without libjpeg into ``tmp``, then run CHILD on it in a fresh
+    interpreter, its report the last line of the output (as the session starts:
+    tests/_early.py)."""
+    if _compiler() is None:
+        return None
+    build = [sys.executable, "setup.py", "-q", "build_ext", "--force"]
+    build += ["--build-lib", str(tmp / "lib"), "--build-temp", str(tmp / "tmp")]
+    child = tmp / "child.py"
+    lib = str(tmp / "lib")
+    find = f"import pathlib\n(SO,) = map(str, pathlib.Path({lib!r}).rglob('_native*'))\n"
+    child.write_text(find + textwrap.dedent(CHILD))
+    return Job([build, [sys.executable, str(child)]], python_env(STOKER_NO_JPEG="1"), cwd=ROOT)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(_compiler() is None, reason="no C compiler")
+@starts_early(_build)
 def test_without_libjpeg_the_extension_has_resample_and_normalise_and_the_doctor_says_so(
-    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
-    env = {**os.environ, "STOKER_NO_JPEG": "1"}
-    build = [sys.executable, "setup.py", "-q", "build_ext", "--force"]
-    build += ["--build-lib", str(tmp_path / "lib"), "--build-temp", str(tmp_path / "tmp")]
-    done = subprocess.run(build, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "without libjpeg" in done.stderr
-    (so,) = (tmp_path / "lib").rglob("_native*")
-    code = f"SO = {str(so)!r}\n" + textwrap.dedent(CHILD)
-    child = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert child.returncode == 0, child.stderr
-    got = json.loads(child.stdout)
+    job = finished(request, timeout=110)
+    assert job.returncode == 0, job.output
+    assert "without libjpeg" in job.output
+    (so,) = (job.tmp / "lib").rglob("_native*")
+    got = json.loads(job.output.splitlines()[-1])
     assert got["file"] == str(so)
     assert got["kernels"] == ["normalize", "resample"]
     assert got["regions"] is False and got["normalised"] is True

@@ -7,11 +7,13 @@ import inspect
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import stoker
+from _early import Job, finished, python_env, starts_early
 
 API_NAMES = {
     "Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "ChainDataset", "Subset",
@@ -88,18 +90,30 @@ def test_import_is_light() -> None:
     assert _python(code) == "False"
 
 
-def test_numpy_path_imports_no_torch() -> None:
-    """A NumPy user's loop (shuffled, with a worker) never imports torch and gets NumPy
-    batches; only `import stoker.torch`, the torch front door, imports torch."""
-    code = (
+def _two_interpreters(tmp: Path) -> Job:
+    """A NumPy user's loop, then ``import stoker.torch``, each in a fresh interpreter, each
+    printing one line after its mark (run as the session starts: see tests/_early.py)."""
+    numpy_loop = (
         "import sys, numpy as np, stoker; "
         "ds = stoker.TensorDataset(np.arange(8.0)); "
         "dl = stoker.DataLoader(ds, batch_size=4, shuffle=True, num_workers=1); "
-        "print([type(b[0]).__module__ for b in dl], 'torch' in sys.modules)"
+        "print('numpy:', [type(b[0]).__module__ for b in dl], 'torch' in sys.modules)"
     )
-    assert _python(code) == "['numpy', 'numpy'] False"
-    code = "import sys, stoker.torch; print('torch' in sys.modules, stoker.torch.__all__[0])"
-    assert _python(code) == "True BatchSampler"
+    front_door = (
+        "import sys, stoker.torch; print('torch:', 'torch' in sys.modules, stoker.torch.__all__[0])"
+    )
+    return Job([[sys.executable, "-c", code] for code in (numpy_loop, front_door)], python_env())
+
+
+@starts_early(_two_interpreters)
+def test_numpy_path_imports_no_torch(request: pytest.FixtureRequest) -> None:
+    """A NumPy user's loop (shuffled, with a worker) never imports torch and gets NumPy
+    batches; only `import stoker.torch`, the torch front door, imports torch."""
+    job = finished(request, timeout=110)
+    assert job.returncode == 0, job.output
+    lines = job.output.splitlines()
+    said = dict(ln.split(": ", 1) for ln in lines if ln.startswith(("numpy: ", "torch: ")))
+    assert said == {"numpy": "['numpy', 'numpy'] False", "torch": "True BatchSampler"}, job.output
 
 
 def test_ray_is_imported_only_by_ray_workers() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from _early import Job, finished, python_env, starts_early
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,9 +29,17 @@ def test_ruff_clean() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def _mypy(tmp: Path) -> Job | None:
+    """mypy over src/ (run as the session starts: see tests/_early.py)."""
+    if importlib.util.find_spec("mypy") is None:
+        return None
+    return Job([[sys.executable, "-m", "mypy"]], python_env(), cwd=ROOT)
+
+
 @pytest.mark.slow
-def test_mypy_strict_clean() -> None:
+@starts_early(_mypy)
+def test_mypy_strict_clean(request: pytest.FixtureRequest) -> None:
     """`mypy --strict` (configured in pyproject.toml) finds nothing in src/."""
     pytest.importorskip("mypy")
-    out = _run(sys.executable, "-m", "mypy")
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = finished(request, timeout=300)
+    assert out.returncode == 0, out.output

@@ -5,16 +5,20 @@ must get a stoker.torch loader back, with stoker's extras still working."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import pickle
 import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+from _early import Job, finished, python_env, starts_early
 
 torch = pytest.importorskip("torch")
 import torch.utils.data as T  # noqa: E402
@@ -30,6 +34,7 @@ API_CLASSES = [
 ]  # fmt: skip
 API_FUNCTIONS = ["random_split", "default_collate", "default_convert", "get_worker_info"]
 EXTRAS = ["ShardedIterable", "StringArray", "WorkerInfo", "LoaderStatistics"]
+_SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 class Squares(T.Dataset[Any]):
@@ -224,42 +229,78 @@ def test_stoker_extras_through_the_torch_door() -> None:
     assert draws_nothing(S.Subset(ds, [1, 2])) and not draws_nothing(Squares())
 
 
-def _lightning_data() -> Any:
-    return pytest.importorskip("lightning.pytorch.utilities.data")
+_LIGHTNING_PASSED_TO_FIT = """
+import numpy as np
+import torch.utils.data as T
+from lightning.pytorch.utilities import data as pl_data
+import stoker.torch as S
+
+ds = S.TensorDataset(np.arange(10))
+loader = S.DataLoader(ds, batch_size=2, shuffle=True, drop_last=True, generator=3)
+assert pl_data._is_dataloader_shuffled(loader)
+assert not pl_data._is_dataloader_shuffled(S.DataLoader(ds, batch_size=2))
+sampler = T.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=0)
+rebuilt = pl_data._update_dataloader(loader, sampler)
+assert type(rebuilt) is S.DataLoader
+assert rebuilt.batch_sampler.sampler is sampler
+assert (rebuilt.batch_sampler.batch_size, rebuilt.batch_sampler.drop_last) == (2, True)
+assert rebuilt.generator == 3 and rebuilt.tensor_type == "torch"
+got = [i for (b,) in rebuilt for i in b.tolist()]
+assert got == [i for i in sampler][:4] and len(rebuilt) == 2
+print("checked")
+"""
+
+_LIGHTNING_MADE_IN_A_HOOK = """
+import numpy as np
+import torch.utils.data as T
+from lightning.fabric.utilities.data import _replace_dunder_methods
+from lightning.pytorch.utilities import data as pl_data
+import stoker.torch as S
+
+ds = S.TensorDataset(np.arange(8))
+with _replace_dunder_methods(T.DataLoader, "dataset"), _replace_dunder_methods(T.BatchSampler):
+    loader = S.DataLoader(ds, batch_size=2, shuffle=True, num_workers=0)
+assert hasattr(loader, "__pl_saved_args")
+sampler = T.DistributedSampler(ds, num_replicas=2, rank=0, shuffle=False)
+rebuilt = pl_data._update_dataloader(loader, sampler)
+assert type(rebuilt) is S.DataLoader and rebuilt.batch_sampler.sampler is sampler
+assert [b[0].tolist() for b in rebuilt] == [[0, 2], [4, 6]]
+print("checked")
+"""
 
 
-def test_lightning_rebuilds_a_loader_passed_to_fit() -> None:
+def _in_lightning(code: str) -> Any:
+    """A job running ``code`` in a fresh interpreter (None without Lightning): Lightning's
+    import (torch's compiler and sympy with it, seconds) stays out of the suite's process
+    and runs as the session starts (see tests/_early.py)."""
+
+    def job(tmp: Path) -> Job | None:
+        if importlib.util.find_spec("lightning") is None:
+            return None
+        return Job([[sys.executable, "-c", code]], python_env(_SRC))
+
+    return job
+
+
+def _lightning_checked(request: pytest.FixtureRequest) -> None:
+    if importlib.util.find_spec("lightning") is None:  # so its job did not start
+        pytest.skip("lightning is not installed")
+    out = finished(request, timeout=110)
+    assert out.returncode == 0 and out.output.splitlines()[-1:] == ["checked"], out.output
+
+
+@starts_early(_in_lightning(_LIGHTNING_PASSED_TO_FIT))
+def test_lightning_rebuilds_a_loader_passed_to_fit(request: pytest.FixtureRequest) -> None:
     """Lightning's rebuild from a loader's attributes gives a stoker.torch loader with the
     DistributedSampler in, and the other arguments kept."""
-    pl_data = _lightning_data()
-    ds = S.TensorDataset(np.arange(10))
-    loader = S.DataLoader(ds, batch_size=2, shuffle=True, drop_last=True, generator=3)
-    assert pl_data._is_dataloader_shuffled(loader)
-    assert not pl_data._is_dataloader_shuffled(S.DataLoader(ds, batch_size=2))
-    sampler = T.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=0)
-    rebuilt = pl_data._update_dataloader(loader, sampler)
-    assert type(rebuilt) is S.DataLoader
-    assert rebuilt.batch_sampler.sampler is sampler
-    assert (rebuilt.batch_sampler.batch_size, rebuilt.batch_sampler.drop_last) == (2, True)
-    assert rebuilt.generator == 3 and rebuilt.tensor_type == "torch"
-    got = [i for (b,) in rebuilt for i in b.tolist()]
-    assert got == [i for i in sampler][:4] and len(rebuilt) == 2
+    _lightning_checked(request)
 
 
-def test_lightning_rebuilds_a_loader_made_in_a_hook() -> None:
+@starts_early(_in_lightning(_LIGHTNING_MADE_IN_A_HOOK))
+def test_lightning_rebuilds_a_loader_made_in_a_hook(request: pytest.FixtureRequest) -> None:
     """A loader made inside Lightning's patched __init__ (as in train_dataloader()) is
     rebuilt from its recorded arguments into a stoker.torch loader."""
-    pl_data = _lightning_data()
-    from lightning.fabric.utilities.data import _replace_dunder_methods
-
-    ds = S.TensorDataset(np.arange(8))
-    with _replace_dunder_methods(T.DataLoader, "dataset"), _replace_dunder_methods(T.BatchSampler):
-        loader = S.DataLoader(ds, batch_size=2, shuffle=True, num_workers=0)
-    assert hasattr(loader, "__pl_saved_args")
-    sampler = T.DistributedSampler(ds, num_replicas=2, rank=0, shuffle=False)
-    rebuilt = pl_data._update_dataloader(loader, sampler)
-    assert type(rebuilt) is S.DataLoader and rebuilt.batch_sampler.sampler is sampler
-    assert [b[0].tolist() for b in rebuilt] == [[0, 2], [4, 6]]
+    _lightning_checked(request)
 
 
 @pytest.mark.parametrize("shuffle", [True, False])

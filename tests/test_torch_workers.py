@@ -13,18 +13,19 @@ import multiprocessing
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 import stoker
+from _early import Job, finished, python_env, starts_early
 from conftest import raised
 from stoker._osprobe import available_cpus
 
@@ -369,19 +370,20 @@ print("ok")
 """
 
 
-def test_many_tensors_load_under_a_low_open_file_limit() -> None:
+def _low_nofile(tmp: Path) -> Job:
+    """_LOW_NOFILE in a fresh interpreter, as the session starts (see tests/_early.py)."""
+    code = textwrap.dedent(_LOW_NOFILE)
+    return Job([[sys.executable, "-c", code]], python_env(PYTHONWARNINGS="ignore"))
+
+
+@starts_early(_low_nofile)
+def test_many_tensors_load_under_a_low_open_file_limit(request: pytest.FixtureRequest) -> None:
     """A process limited to 100 open files loads batches of 40 tensors through workers
     (torch sends a descriptor per tensor and times out here: a difference, for the better;
     stoker's tensors share a slot)."""
-    run = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_LOW_NOFILE)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip() == "ok"
+    run = finished(request, timeout=110)
+    assert run.returncode == 0, run.output[-2000:]
+    assert run.output.splitlines()[-1:] == ["ok"], run.output[-2000:]
 
 
 def test_batches_from_workers_are_in_shared_memory_but_not_torchs() -> None:

@@ -290,6 +290,11 @@ class Autotuner:
                 self.workers, self.settled = max(1, self._predicted), False
         return self.mode
 
+    @property
+    def switch(self) -> str | None:
+        """The mode the probe chose to switch to, until :meth:`next_mode` takes it."""
+        return self._switch
+
     def _predict(self, share: float, batches_left: int | None) -> tuple[int, str]:
         """The count the model predicts for a fetch using ``share`` of a CPU, and why."""
         cpus = available_cpus()

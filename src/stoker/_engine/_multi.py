@@ -252,6 +252,7 @@ class MultiWorkerIterator:
         if isinstance(msg, (Loaded, LoadedGroup)):
             self._stats.busy[wid] += msg.busy  # the worker's fetch + collate seconds
         self._dispatch.answered(wid, msg)
+        restart_once_first_in(self)
 
     # -- statistics and autotune -------------------------------------------------------
 
@@ -265,11 +266,9 @@ class MultiWorkerIterator:
         if probe is not None:
             timer = functools.partial(load_in_process, self._config, self._dispatch.first_task)
             step = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
-            if self._dispatch.drawn is not None:  # nothing delivered: the epoch may restart
-                if step.in_process:
-                    return self._switch(None, 0)
-                if self._tuner.next_mode() != self.mode:
-                    return self._switch(self._tuner.mode, self._tuner.workers)
+            moves = step.in_process or self._tuner.switch is not None
+            if moves and self._dispatch.drawn is not None:  # nothing delivered: may restart
+                return restart_once_first_in(self)
         else:
             step = self._tuner.step(self._stats, self._pool.gauges().pids)
         if step.add:
@@ -338,6 +337,21 @@ def forks_workers(config: EngineConfig) -> bool:
     """Whether worker processes start by fork (each start copies the page tables)."""
     ctx = config.context or multiprocessing.get_context()
     return bool(ctx.get_start_method() == "fork")
+
+
+def restart_once_first_in(it: MultiWorkerIterator) -> None:
+    """Restart ``it``'s epoch where its tuner's probe chose (the main process, or workers of
+    the other mode) once the epoch's first batch is answered, not at the probe: the old pool
+    stops after the samples in hand, and one of them that raised would take its error along
+    (read again on the other side, it may load). Nothing once a batch is out or has failed
+    (``drawn`` is None): the tuner's choice then starts with the next epoch."""
+    tuner = it._tuner
+    if tuner is None or it._dispatch.drawn is None or 0 in it._window.running:
+        return
+    if tuner.workers == 0:  # IN_PROCESS_NOW
+        it._switch(None, 0)
+    elif tuner.switch is not None:
+        it._switch(tuner.next_mode(), tuner.workers)
 
 
 def heeds(window: ReorderWindow, dispatch: Dispatcher, wid: int) -> bool:
