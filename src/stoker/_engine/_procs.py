@@ -8,13 +8,9 @@ death. ``shutdown`` is idempotent, safe from ``weakref.finalize`` and a no-op in
 child; it waits for each worker's goodbye (killing one that misses the grace time), not for
 its exit (:mod:`stoker._engine._reap`). See ``docs/engine.md``, "Pools, deaths and shutdown".
 
-Replacing a dead worker (``worker_restarts``): every death goes through
-:meth:`ProcessPool.lost` with a :class:`~stoker._engine._deaths.WorkerDeath`; with a
-:class:`~stoker._engine._restart.Healer` that allows it, :meth:`ProcessPool.forget` takes the
-dead worker's handle out of the poll, :meth:`ProcessPool.spawn` makes a fresh one for the
-same worker id (its seed, ``worker_init_fn`` and a segment prefix of its own), and the healer
-sends it the dead one's tasks again; the iterator gets a
-:class:`~stoker._engine._messages.Restarted`.
+Every death goes through :meth:`ProcessPool.lost`; with ``worker_restarts`` left (a
+:class:`~stoker._engine._restart.Healer`), a fresh worker of the same id takes the dead
+one's place and tasks, and the iterator gets a :class:`~stoker._engine._messages.Restarted`.
 """
 
 from __future__ import annotations
