@@ -111,4 +111,5 @@ def test_the_first_batch_is_timed_whole_and_a_slow_one_cut_short(
     seconds = it.first_load_s(0.25)
     assert (seconds is not None) == fast, seconds
     assert sum(loaded) <= (3 * 256 + 255 if fast else 31), loaded  # 31: 1 + 2 + ... + 16
+    monkeypatch.undo()  # the batch itself at no cost
     assert len(next(it)[0]) == 256  # the batch is still the epoch's first
