@@ -103,7 +103,7 @@ class ProcessPool:
             "collate_fn": config.collate_fn,
             "worker_init_fn": config.init_fn,
         }
-        self._arrivals = Arrivals(config.init_fn, self._unpack, self._on_bye)
+        self._arrivals = Arrivals(config.init_fn)
         self._memory_ref = weakref.ref(memory)
         n = config.capacity  # with autotune, the most workers it may start
         self._warm_cap = n * slots_kept_free(config.prefetch)  # what persistent workers keep
@@ -260,22 +260,24 @@ class ProcessPool:
             got = self._get(max(0.0, deadline - time.monotonic()))
             if got is None:
                 return None
-            msg = self._arrivals.take(*got)
+            msg = self._arrivals.take(self, *got)
             if msg is not None:
                 return got[0], msg
 
     def buffered(self) -> tuple[int, ToIterator] | None:
         """A (worker id, message) already read from a pipe, or None; no system call."""
         while (got := self._buffered()) is not None:
-            msg = self._arrivals.take(*got)
+            msg = self._arrivals.take(self, *got)
             if msg is not None:
                 return got[0], msg
         return None
 
-    def _unpack(self, wid: int, msg: Shipped) -> Any:
+    def unpack(self, wid: int, msg: Shipped) -> Any:
+        """A worker process's batch: views of its slot (see :class:`SlotBook`)."""
         return self.workers[wid].slots.unpack(msg)
 
-    def _on_bye(self, wid: int, bye: Bye) -> None:
+    def bye(self, wid: int, bye: Bye) -> None:
+        """Worker ``wid`` said goodbye (see :class:`~stoker._engine._arrivals.Arrivals`)."""
         self.workers[wid].keep_left(bye)
 
     def _get(self, timeout_s: float) -> tuple[int, FromWorker] | None:
