@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from stoker._engine._messages import GroupSeeds, Task, from_wire, to_wire
+from stoker._engine._messages import (
+    GroupSeeds,
+    Task,
+    from_wire,
+    seed_from_wire,
+    seed_to_wire,
+    to_wire,
+)
 from stoker._policy import HOLD_S
 
 _READ_SIZE = 1 << 16
@@ -70,8 +77,9 @@ def pack_tasks(tasks: list[Task]) -> list[tuple[Any, ...]]:
     bytes object with their lengths.
     """
     out: list[tuple[Any, ...]] = []
-    for gen, idx, task, seed, _ in tasks:
-        if type(seed) is GroupSeeds:  # its indices are a list of arrays
+    for gen, idx, task, record, _ in tasks:
+        seed = seed_to_wire(record)
+        if type(record) is GroupSeeds:  # its indices are a list of arrays
             dtypes = {t.dtype.str if _index_array(t) else None for t in task}
             dtype = dtypes.pop() if len(dtypes) == 1 else None
             if dtype is not None:
@@ -92,13 +100,15 @@ def unpack_task(packed: tuple[Any, ...]) -> Task:
     """The :class:`~stoker._engine._messages.Task` of a :func:`pack_tasks` entry (writable
     arrays again; a list for a group).
 
+    >>> from stoker._engine._messages import BatchSeed
     >>> unpack_task(pack_tasks([Task(0, 0, np.arange(3), BatchSeed(0))])[0]).task
     array([0, 1, 2])
     >>> group = Task(0, 0, [np.arange(2), np.arange(1)], GroupSeeds(0, 0, [0, 1]))
     >>> unpack_task(pack_tasks([group])[0]).task
     [array([0, 1]), array([0])]
     """
-    gen, idx, task, seed, dtype = packed
+    gen, idx, task, raw, dtype = packed
+    seed = seed_from_wire(raw)
     if dtype is None:
         return Task(gen, idx, task, seed)
     if type(dtype) is tuple:
