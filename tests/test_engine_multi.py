@@ -24,6 +24,7 @@ import pytest
 
 from stoker import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
 from stoker._engine import _multi
+from stoker._engine._rngguard import RngGuard
 from stoker._policy import group_size, typical_load_s
 from stoker._random import seed_globals
 
@@ -256,6 +257,27 @@ def test_thread_workers_load_each_drawing_sample_once(source: str) -> None:
         ds.calls.clear()
         assert [b.tolist() for b in loader] == [b.tolist() for b in ref]
         assert sorted(ds.calls) == list(range(64))
+
+
+def test_a_fetch_beside_a_blocked_probe_is_not_held_back() -> None:
+    """A thread whose fetch would wait on the epoch's probe, whose first sample waits in
+    turn for later batches (torch lets every worker load at once), loads beside it after
+    a bounded wait; its batch stands, as nothing drew."""
+    guard, entered, release = RngGuard(), threading.Event(), threading.Event()
+
+    def blocked(task: int) -> int:
+        entered.set()
+        assert release.wait(20), "the other fetch never came back"
+        return task
+
+    out: list[int] = []
+    probe = threading.Thread(target=lambda: out.append(guard.fetch(blocked, 0, 1, blocked)))
+    probe.start()
+    assert entered.wait(20)
+    assert guard.fetch(lambda task: task, 1, 2, lambda task: task) == 1  # not held back
+    release.set()
+    probe.join(20)
+    assert out == [0] and guard.serial is False
 
 
 def test_thread_workers_hand_the_main_threads_rng_streams_back() -> None:

@@ -1,20 +1,20 @@
 """Every threshold and rule by which stoker's loading decides, each once, with its reason.
 
-Pure: nothing here starts a process, touches the OS or imports the engine, so the loader,
-the engine and the autotuner read the same numbers, and each rule has
+Pure: nothing here starts a process, touches the OS or imports the engine; each rule has
 unit tests (``tests/test_engine_policy.py``). The rules:
 
-- **who may see the assignment** (:func:`assigns_freely`): stoker assigns batches its own
-  faster way only where none of the user's code runs in a worker; elsewhere torch's.
+- **only stoker's code** (:func:`only_stoker_code`) and **who may see the assignment**
+  (:func:`assigns_freely`): stoker's own assignment only where no user code runs.
 - **in-process fallback** (:func:`may_load_in_process`): when loading in the main process
   may stand in for workers, ``num_workers="auto"`` or a fixed count alike.
 - **lazy start** (:func:`starts_lazily`): fork workers after the first start late.
 - **grouping** (:func:`group_size`): tiny, fast batches share a prefetch slot and a message.
 - **tail split** (:func:`worth_splitting`) and **thread split**
   (:data:`THREAD_SPLIT_MIN_S`): slow batches shared among workers that would idle.
-- **prefetch sizing** (:data:`DEFAULT_PREFETCH`, :func:`slots_kept_free`, ...): memory
-  each worker and loader keeps for batches in flight.
-- **first look** (:func:`threads_suffice`): autotune's probe.
+- **prefetch sizing** (:data:`DEFAULT_PREFETCH`, :func:`slots_kept_free`, ...).
+- **first look** (:func:`threads_suffice`): autotune's probe; **the autotuner's**
+  budget, windows and trials (:data:`MIN_GAIN`, ...).
+- **the engine's** slot, hold and wait sizes (:data:`EAGER_FREE_BYTES`, ...).
 """
 
 from __future__ import annotations
@@ -314,6 +314,35 @@ RETRY_AFTER = 2
 """Epochs with workers after a lost in-process trial before another (twice as many after
 each loss): one trial epoch slowed by something else on the machine does not decide for
 good, and a dataset that really loads slower in process costs a trial epoch ever more rarely."""
+
+
+# -- the engine: slots, held results, waits ------------------------------------------
+
+EAGER_FREE_BYTES = 1 << 20
+"""Slots from this size up are returned to their worker as soon as their batch dies."""
+
+HOLD_S = 0.001
+"""How long a worker may hold the results of fast batches to write several at once."""
+
+SPARE_MIN_BYTES = 1 << 20
+"""Slots from this size up are made ahead in a helper thread; smaller ones cost less to
+make than the thread."""
+
+KEEP_FREE_BYTES = 16 << 20
+"""Free slots are kept up to ``keep_free`` of them, or more while they total at most this
+many bytes: small slots then stop being made and retired as batches come back in bursts."""
+
+DECIDE_WAIT_S = 0.5
+"""How long a thread waits for the probe's first sample to tell whether the dataset draws:
+far longer than a sample usually takes; past it (a sample that waits for other workers'
+samples, as torch lets every worker load its first batch at once) it fetches beside it."""
+
+HEALTH_CHECK_S = 5.0
+"""Longest single wait for a result; deaths are seen at once, this only bounds the call."""
+
+START_TIMEOUT_S = 120.0
+"""``timeout`` counts from a worker's start-up; before it, start-up (spawn imports) may take
+this long."""
 
 
 # -- messages ----------------------------------------------------------------------------

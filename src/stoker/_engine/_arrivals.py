@@ -3,17 +3,17 @@
 Every pool passes what its workers send through an :class:`Arrivals`: a
 :class:`~stoker._engine._messages.Shipped` batch (or group) becomes
 :class:`~stoker._engine._messages.Loaded` (or :class:`~stoker._engine._messages.LoadedGroup`),
-its data unpacked by the pool's own ``unpack`` (views of a shared-memory slot for a process,
-the object itself for a thread or in process); a message about a worker's life
+its data unpacked by the pool (a :class:`Receiver`: views of a shared-memory slot for a
+process, the object itself for a thread or in process); a message about a worker's life
 (:data:`~stoker._engine._messages.LIFE`) is noted, and only ``Ready`` passed on; a
-``Bye``, a worker's last word, goes to the pool's ``on_bye`` (the death that follows says
-why).
+``Bye``, a worker's last word, goes to the pool (the death that follows says why). The
+pool is handed in with each message, never kept: a pool that held it through its
+arrivals would be a cycle, kept (with the batches it holds) until the collector runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from stoker._engine._errors import safe_str
 from stoker._engine._messages import (
@@ -27,10 +27,15 @@ from stoker._engine._messages import (
     ToIterator,
 )
 
-Unpack = Callable[[int, Shipped], Any]
-"""A pool's way to the data of worker ``wid``'s shipped batch (or group's batches)."""
-OnBye = Callable[[int, Bye], None]
-"""What a pool does with worker ``wid``'s goodbye."""
+
+class Receiver(Protocol):
+    """What :class:`Arrivals` asks of the pool a message came to."""
+
+    def unpack(self, wid: int, msg: Shipped) -> Any:
+        """The data of worker ``wid``'s shipped batch (or group's batches)."""
+
+    def bye(self, wid: int, bye: Bye) -> None:
+        """Worker ``wid`` said goodbye (its end is reported next)."""
 
 
 def loaded(msg: Shipped, data: Any) -> Loaded | LoadedGroup:
@@ -56,22 +61,19 @@ class Arrivals:
 
     Args:
         init_fn: the loader's ``worker_init_fn``, or None.
-        unpack: the pool's way to a shipped batch's data.
-        on_bye: what the pool does with a worker's goodbye.
     """
 
-    def __init__(self, init_fn: Any, unpack: Unpack, on_bye: OnBye) -> None:
+    def __init__(self, init_fn: Any) -> None:
         self.init_name = None
         if init_fn is not None:
             self.init_name = safe_str(getattr(init_fn, "__qualname__", None) or init_fn)
         self.in_init: set[int] = set()
-        self._unpack, self._on_bye = unpack, on_bye
 
-    def take(self, wid: int, msg: FromWorker) -> ToIterator | None:
-        """What the iterator gets of worker ``wid``'s ``msg`` (None: nothing)."""
+    def take(self, pool: Receiver, wid: int, msg: FromWorker) -> ToIterator | None:
+        """What the iterator gets of ``pool``'s worker ``wid``'s ``msg`` (None: nothing)."""
         kind = type(msg)
         if kind is Shipped:
-            return loaded(msg, self._unpack(wid, msg))  # type: ignore[arg-type]
+            return loaded(msg, pool.unpack(wid, msg))  # type: ignore[arg-type]
         if kind not in LIFE:
             return msg  # type: ignore[return-value]
         if kind is Ready:
@@ -80,7 +82,7 @@ class Arrivals:
             return msg  # type: ignore[return-value]  # the iterator's timeout counts from it
         self.in_init.discard(wid)
         if kind is Bye:  # it is leaving; its exit is seen next
-            self._on_bye(wid, msg)  # type: ignore[arg-type]
+            pool.bye(wid, msg)  # type: ignore[arg-type]
         return None
 
     def doing(self, wid: int) -> str:

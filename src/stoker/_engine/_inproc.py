@@ -42,7 +42,7 @@ class InProcessPool:
         self._closed = False
         self._results: collections.deque[tuple[int, Any]] = collections.deque()
         self._queues: list[collections.deque[Task]] = [collections.deque() for _ in range(n)]
-        self._arrivals = Arrivals(config.init_fn, _payload, self._on_bye)
+        self._arrivals = Arrivals(config.init_fn)
         self._dead: WorkerDeath | None = None
         shared = None if config.iterable else config.make_fetcher()
         self._args = [
@@ -101,7 +101,7 @@ class InProcessPool:
         """A result of a task run already, or None."""
         while self._results:
             wid, raw = self._results.popleft()
-            msg = self._arrivals.take(wid, raw)
+            msg = self._arrivals.take(self, wid, raw)
             if msg is not None:
                 return wid, msg
         return None
@@ -153,7 +153,12 @@ class InProcessPool:
             self._infos[wid] = get_worker_info()
             set_worker_info(None, whole_process=False)
 
-    def _on_bye(self, wid: int, bye: Bye) -> None:
+    def unpack(self, wid: int, msg: Shipped) -> Any:
+        """A batch made in this process is the object itself."""
+        return msg.payload
+
+    def bye(self, wid: int, bye: Bye) -> None:
+        """Worker ``wid`` said goodbye (see :class:`~stoker._engine._arrivals.Arrivals`)."""
         if self._dead is None:
             why = bye.why[0] if bye.why is not None else "an unknown cause"
             self._dead = WorkerDeath(
@@ -177,8 +182,3 @@ class InProcessPool:
         self._closed = True
         for q in self._queues:
             q.clear()
-
-
-def _payload(wid: int, msg: Shipped) -> Any:
-    """An in-process batch is the object itself."""
-    return msg.payload

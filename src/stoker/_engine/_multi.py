@@ -47,19 +47,13 @@ from stoker._engine._threads import ThreadPool
 from stoker._engine._window import Failure, ReorderWindow
 from stoker._engine._worker import worker_seed
 from stoker._osprobe import available_cpus
-from stoker._policy import LAZY_START_S, starts_lazily
+from stoker._policy import HEALTH_CHECK_S, LAZY_START_S, START_TIMEOUT_S, starts_lazily
 from stoker._stats import StatsRecorder
 from stoker.errors import WorkerError
 
 if TYPE_CHECKING:
     from stoker._engine._config import EngineConfig, EngineMemory, Epochs
     from stoker._state import Epoch
-
-_HEALTH_CHECK_S = 5.0
-"""Longest single wait for a result; deaths are seen at once, this only bounds the call."""
-_START_TIMEOUT_S = 120.0
-"""``timeout`` counts from a worker's start-up; before it, start-up (spawn imports) may take
-this long."""
 
 
 class MultiWorkerIterator:
@@ -367,7 +361,7 @@ def wait(
 ) -> tuple[int, ToIterator]:
     """The pool's next (worker id, message). While later workers start lazily, a short wait
     on a started worker, then the rest start. With a ``timeout`` (from the worker's start-up
-    on; before it, :data:`_START_TIMEOUT_S`), a silent worker raises ``WorkerError`` and the
+    on; before it, :data:`START_TIMEOUT_S`), a silent worker raises ``WorkerError`` and the
     pool is shut down; without one, deaths still end the wait."""
     if pool.pending_start:
         if pool.is_started(window.waiting_for()):
@@ -376,11 +370,11 @@ def wait(
                 return got
         pool.start()  # the first batch is slow, or queued for an unstarted worker
     if timeout <= 0:
-        while (got := pool.get(_HEALTH_CHECK_S)) is None:
+        while (got := pool.get(HEALTH_CHECK_S)) is None:
             pass
         return got
     wid = window.waiting_for()
-    got = pool.get(timeout if started[wid] else _START_TIMEOUT_S)
+    got = pool.get(timeout if started[wid] else START_TIMEOUT_S)
     if got is None:
         who = pool.describe(wid)
         pool.shutdown(grace_s=0.0)  # a stuck worker would not stop anyway

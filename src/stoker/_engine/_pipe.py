@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from stoker._engine._messages import GroupSeeds, Task, from_wire, to_wire
+from stoker._engine._messages import (
+    GroupSeeds,
+    Task,
+    from_wire,
+    seed_from_wire,
+    seed_to_wire,
+    to_wire,
+)
+from stoker._policy import HOLD_S
 
 _READ_SIZE = 1 << 16
 """Bytes asked for per read of a pipe (a pipe buffer: all it holds)."""
@@ -69,8 +77,9 @@ def pack_tasks(tasks: list[Task]) -> list[tuple[Any, ...]]:
     bytes object with their lengths.
     """
     out: list[tuple[Any, ...]] = []
-    for gen, idx, task, seed, _ in tasks:
-        if type(seed) is GroupSeeds:  # its indices are a list of arrays
+    for gen, idx, task, record, _ in tasks:
+        seed = seed_to_wire(record)
+        if type(record) is GroupSeeds:  # its indices are a list of arrays
             dtypes = {t.dtype.str if _index_array(t) else None for t in task}
             dtype = dtypes.pop() if len(dtypes) == 1 else None
             if dtype is not None:
@@ -91,13 +100,15 @@ def unpack_task(packed: tuple[Any, ...]) -> Task:
     """The :class:`~stoker._engine._messages.Task` of a :func:`pack_tasks` entry (writable
     arrays again; a list for a group).
 
+    >>> from stoker._engine._messages import BatchSeed
     >>> unpack_task(pack_tasks([Task(0, 0, np.arange(3), BatchSeed(0))])[0]).task
     array([0, 1, 2])
     >>> group = Task(0, 0, [np.arange(2), np.arange(1)], GroupSeeds(0, 0, [0, 1]))
     >>> unpack_task(pack_tasks([group])[0]).task
     [array([0, 1]), array([0])]
     """
-    gen, idx, task, seed, dtype = packed
+    gen, idx, task, raw, dtype = packed
+    seed = seed_from_wire(raw)
     if dtype is None:
         return Task(gen, idx, task, seed)
     if type(dtype) is tuple:
@@ -180,16 +191,12 @@ class Inbox:
         return msg
 
 
-_HOLD_S = 0.001
-"""How long a worker may hold the results of fast batches to write several at once."""
-
-
 class Outbox:
     """A worker's writer of framed messages, holding results of fast batches to write them
     together.
 
     A result sent with ``hold=True`` (a fast batch, more tasks queued) waits, and the ones
-    after it join it, until :data:`_HOLD_S` has passed since the first: tiny batches then
+    after it join it, until :data:`HOLD_S` has passed since the first: tiny batches then
     cost one system call and one wake-up of the main process per several batches. A helper
     thread writes what is held when that time is up, so a slow or stuck batch does not keep
     finished ones back; nothing is held while the worker waits for tasks (:meth:`flush`).
@@ -216,7 +223,7 @@ class Outbox:
             if not hold:
                 self._write()
             elif len(self._held) == 2:  # the first held: the helper writes it when due
-                self._due = time.monotonic() + _HOLD_S
+                self._due = time.monotonic() + HOLD_S
                 if self._thread is None:
                     self._thread = threading.Thread(
                         target=self._flusher, name="stoker-outbox", daemon=True
@@ -237,7 +244,7 @@ class Outbox:
             with contextlib.suppress(OSError):
                 self._write()
         if self._thread is not None:
-            self._thread.join(_HOLD_S * 100)
+            self._thread.join(HOLD_S * 100)
 
     def _write(self) -> None:  # with the lock held
         if not self._held:

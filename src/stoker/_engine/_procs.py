@@ -103,7 +103,7 @@ class ProcessPool:
             "collate_fn": config.collate_fn,
             "worker_init_fn": config.init_fn,
         }
-        self._arrivals = Arrivals(config.init_fn, self._unpack, self._on_bye)
+        self._arrivals = Arrivals(config.init_fn)
         self._memory_ref = weakref.ref(memory)
         n = config.capacity  # with autotune, the most workers it may start
         self._warm_cap = n * slots_kept_free(config.prefetch)  # what persistent workers keep
@@ -284,15 +284,17 @@ class ProcessPool:
     def _take(self, wid: int, msg: Any) -> ToIterator | None:
         """What the iterator gets of worker ``wid``'s ``msg``: decoded, and, with a healer,
         no longer held (None for an isolation probe's answer)."""
-        got = self._arrivals.take(wid, msg)
+        got = self._arrivals.take(self, wid, msg)
         if got is None or self.healer is None:
             return got
         return self.healer.answered(wid, got)  # type: ignore[no-any-return]
 
-    def _unpack(self, wid: int, msg: Shipped) -> Any:
+    def unpack(self, wid: int, msg: Shipped) -> Any:
+        """A worker process's batch: views of its slot (see :class:`SlotBook`)."""
         return self.workers[wid].slots.unpack(msg)
 
-    def _on_bye(self, wid: int, bye: Bye) -> None:
+    def bye(self, wid: int, bye: Bye) -> None:
+        """Worker ``wid`` said goodbye (see :class:`~stoker._engine._arrivals.Arrivals`)."""
         self.workers[wid].keep_left(bye)
 
     def _get(self, timeout_s: float) -> tuple[int, FromWorker | Restarted] | None:

@@ -273,7 +273,7 @@ class RayPool:
         self._next_start = 0
         self._start_limit = n
         self._ready: collections.deque[tuple[int, ToIterator]] = collections.deque()
-        self._arrivals = Arrivals(config.init_fn, _payload, self._ended)
+        self._arrivals = Arrivals(config.init_fn)
         self._generation: int | None = None
 
     # -- starts -------------------------------------------------------------------------
@@ -381,7 +381,7 @@ class RayPool:
         if task is None:  # its hello
             w.hello, answer = answer, answer.messages
         for msg in answer:
-            got = self._arrivals.take(w.wid, msg)
+            got = self._arrivals.take(self, w.wid, msg)
             if got is not None:
                 self._ready.append((w.wid, got))
         return None
@@ -453,7 +453,11 @@ class RayPool:
             return True
         return False
 
-    def _ended(self, wid: int, bye: Bye) -> None:
+    def unpack(self, wid: int, msg: Shipped) -> Any:
+        """A Ray worker's shipped batch is the object itself (views of the object store)."""
+        return msg.payload
+
+    def bye(self, wid: int, bye: Bye) -> None:
         """An actor's worker loop ended early (``sys.exit()`` in the dataset...): raise."""
         w = self.workers[wid]
         why, code = bye.why if bye.why is not None else ("an unknown cause", None)
@@ -479,8 +483,3 @@ class RayPool:
                 with contextlib.suppress(Exception):
                     ray.kill(w.actor, no_restart=True)
         self._ready.clear()
-
-
-def _payload(wid: int, msg: Shipped) -> Any:
-    """A Ray worker's shipped batch is the object itself (views of the object store)."""
-    return msg.payload

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from stoker import _torch
+from stoker._policy import DECIDE_WAIT_S
 from stoker._random import call_seeded
 
 MapFn = Callable[[Callable[[Any], Any], list[Any]], list[Any]]
@@ -29,10 +30,6 @@ Wrap = Callable[[Callable[[Any], Any]], Callable[[Any], Any]]
 _NEW_EPOCH_WAIT_S = 1.0
 """How long a new epoch of persistent thread workers waits for a seeded fetch still in
 flight; past it, the last epoch's decision on whether the dataset draws stands."""
-_DECIDE_WAIT_S = 0.5
-"""How long a thread waits for the probe's first sample to tell whether the dataset draws:
-far longer than a sample usually takes; past it (a sample that waits for other workers'
-samples, as torch lets every worker load its first batch at once) it fetches beside it."""
 
 
 class RngGuard:
@@ -42,11 +39,11 @@ class RngGuard:
     (seed, epoch, k) stream only if no other thread draws meanwhile. At each epoch's start
     one batch, the probe, is fetched seeded under one process-wide lock, the RNG states
     compared around its first sample, while the other threads wait for the answer
-    (at most :data:`_DECIDE_WAIT_S`; past it they fetch beside it, and are fetched again,
-    seeded, if the dataset draws). If no state moved, the rest loads in parallel,
-    unseeded; else the probe goes on in its seeded stream and the epoch is fetched seeded,
-    one batch at a time. Each sample loads once. See ``docs/engine.md``, "Thread mode and
-    RNGs".
+    (at most :data:`DECIDE_WAIT_S`; past it they fetch beside it, comparing the states
+    themselves, and are fetched again, seeded, if the dataset draws). If no state moved,
+    the rest loads in parallel, unseeded; else the probe goes on in its seeded stream and
+    the epoch is fetched seeded, one batch at a time. Each sample loads once. See
+    ``docs/engine.md``, "Thread mode and RNGs".
 
     Worker threads call :meth:`fetch`; the pool calls :meth:`new_epoch` before it sends an
     epoch's tasks.
@@ -60,6 +57,7 @@ class RngGuard:
         self._unseeded = 0  # unseeded fetches in flight; seeded ones wait for them
         self._probing = False  # the probe is running
         self._crowded = False  # fetches ran unseeded beside the probe
+        self._probes = 0  # probes ended (each hands the global streams back as it ends)
 
     def new_epoch(self) -> None:
         """Decide again: the dataset may start (or stop) drawing in the next epoch. Waits
@@ -92,12 +90,16 @@ class RngGuard:
                     data = call_seeded(seed, self._probe, probing or seeded, task)
             finally:
                 with self._cond:
-                    self._probing = False
+                    self._probing, self._probes = False, self._probes + 1
                     self._cond.notify_all()
             if not (self._crowded and self.serial):  # else others drew beside it
                 return data
-        elif role != "seeded":
-            data = self._unseeded_fetch(fetch, task, beside=role == "beside")
+        elif role == "beside":
+            data, stands = self._beside(fetch, task)
+            if stands:
+                return data
+        elif role == "plain":
+            data = self._unseeded_fetch(fetch, task)
             if self.serial is False:  # the dataset draws nothing: the batch stands
                 return data
         with self._cond:  # no unseeded fetch may draw from a seeded batch's stream
@@ -113,7 +115,7 @@ class RngGuard:
             if (
                 self.serial is None
                 and self._probing
-                and not self._cond.wait_for(decided, _DECIDE_WAIT_S)
+                and not self._cond.wait_for(decided, DECIDE_WAIT_S)
             ):
                 self._crowded = True
                 self._unseeded += 1
@@ -126,18 +128,29 @@ class RngGuard:
             self._unseeded += 1
             return "plain"
 
-    def _unseeded_fetch(self, fetch: Callable[[Any], Any], task: Any, beside: bool) -> Any:
-        """``fetch(task)`` unseeded; ``beside`` the probe, it waits for its decision."""
+    def _unseeded_fetch(self, fetch: Callable[[Any], Any], task: Any) -> Any:
+        """``fetch(task)`` unseeded, counted while it runs (seeded fetches wait for it)."""
         try:
-            data = fetch(task)
+            return fetch(task)
         finally:
             with self._cond:
                 self._unseeded -= 1
                 self._cond.notify_all()
-        if beside:
-            with self._cond:
-                self._cond.wait_for(lambda: self.serial is not None or not self._probing)
-        return data
+
+    def _beside(self, fetch: Callable[[Any], Any], task: Any) -> tuple[Any, bool]:
+        """``fetch(task)`` unseeded beside a probe that took too long, and whether its
+        batch stands: it moved no RNG state, or the probe's own end (which hands the
+        streams back) did and the dataset was found to draw nothing. A move of its own
+        means the dataset draws: the epoch goes serial, and the batch is fetched again."""
+        probes, before = self._probes, _rng_states()
+        data = self._unseeded_fetch(fetch, task)
+        moved = _rng_states() != before
+        with self._cond:
+            probe_wrote = self._probes != probes or not self._probing
+            if moved and not probe_wrote:
+                self.serial = True
+                self._cond.notify_all()
+            return data, not moved or (probe_wrote and self.serial is False)
 
     def _probe(self, probing: Callable[[Any], Any], task: Any) -> Any:
         """The probe's fetch, the global RNGs seeded: it decides after its first sample

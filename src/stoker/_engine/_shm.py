@@ -32,6 +32,7 @@ import numpy as np
 
 from stoker._engine._shm_errors import descriptor_error, shm_error, unwritable_error
 from stoker._osprobe import SHM_DIR
+from stoker._policy import KEEP_FREE_BYTES, SPARE_MIN_BYTES
 from stoker.errors import SharedMemoryError
 
 try:  # POSIX shm_open / shm_unlink, as multiprocessing.shared_memory uses them.
@@ -44,12 +45,6 @@ ALIGN = 64
 """Leaves start on 64-byte boundaries (cache lines; enough for every dtype and SIMD)."""
 _PAGE = mmap.PAGESIZE
 _FIRST_SLOT_HEADROOM = 64 * 1024
-_SPARE_MIN_BYTES = 1 << 20
-"""Slots from this size up are made ahead in a helper thread; smaller ones cost less to
-make than the thread."""
-_KEEP_FREE_BYTES = 16 << 20
-"""Free slots are kept up to ``keep_free`` of them, or more while they total at most this
-many bytes: small slots then stop being made and retired as batches come back in bursts."""
 _SPARE_JOIN_TIMEOUT_S = 60.0
 """How long a batch waits for a slot that a helper thread is making."""
 _AT_EXIT: list[Any] = []
@@ -195,7 +190,7 @@ class Arena:
         self.current = self._take(self.hint) if self.hint else None
         if (
             ahead
-            and self.hint >= _SPARE_MIN_BYTES
+            and self.hint >= SPARE_MIN_BYTES
             and not self.free
             and self._spare is None
             and len(self.slots) < self.steady
@@ -364,7 +359,7 @@ class Arena:
     def _give_back(self, sid: int) -> None:
         slot = self.slots[sid]
         many = len(self.free) >= self.keep_free
-        if slot.size < self.hint or (many and (len(self.free) + 1) * slot.size > _KEEP_FREE_BYTES):
+        if slot.size < self.hint or (many and (len(self.free) + 1) * slot.size > KEEP_FREE_BYTES):
             self._retire(sid)
         else:
             self.free.append(sid)

@@ -16,9 +16,7 @@ from typing import Any
 from stoker._engine._messages import Bye, Shipped
 from stoker._engine._segments import SegmentMaps
 from stoker._engine._transport import decode
-
-_EAGER_FREE_BYTES = 1 << 20
-"""Slots from this size up are returned to their worker as soon as their batch dies."""
+from stoker._policy import EAGER_FREE_BYTES
 
 Warm = list[tuple[str, Any]]
 """Segments kept mapped for the next pool's workers: (name, mapping)."""
@@ -46,7 +44,7 @@ class SlotBook:
             self.maps.drop(msg.retired)
         slot = msg.slot
         if slot is not None:
-            self.big_slots = slot[2] >= _EAGER_FREE_BYTES
+            self.big_slots = slot[2] >= EAGER_FREE_BYTES
             self.out[slot[0]] = slot[1]
         return decode(slot, msg.payload, self.maps, self.on_free)
 

@@ -42,7 +42,7 @@ class ThreadPool:
         self._closed = False
         self._outbox: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         n = config.capacity  # with autotune, the most workers it may use
-        self._arrivals = Arrivals(config.init_fn, _payload, self._on_bye)
+        self._arrivals = Arrivals(config.init_fn)
         self._dead: WorkerDeath | None = None  # a thread that said it ended, and why
         self._generation: int | None = None  # of the last tasks sent
         shared = None if config.iterable else config.make_fetcher()
@@ -131,7 +131,7 @@ class ThreadPool:
                 wid, raw = self._outbox.get_nowait()
             except queue.Empty:
                 return None
-            msg = self._arrivals.take(wid, raw)
+            msg = self._arrivals.take(self, wid, raw)
             if msg is not None:
                 return wid, msg
 
@@ -153,11 +153,16 @@ class ThreadPool:
                 if left <= _ALIVE_CHECK_S:
                     return None
                 continue
-            msg = self._arrivals.take(wid, raw)
+            msg = self._arrivals.take(self, wid, raw)
             if msg is not None:
                 return wid, msg
 
-    def _on_bye(self, wid: int, bye: Bye) -> None:
+    def unpack(self, wid: int, msg: Shipped) -> Any:
+        """A batch made in this process is the object itself."""
+        return msg.payload
+
+    def bye(self, wid: int, bye: Bye) -> None:
+        """Worker ``wid`` said goodbye (see :class:`~stoker._engine._arrivals.Arrivals`)."""
         if self._dead is None:  # raised by the next get()
             why = bye.why[0] if bye.why is not None else "an unknown cause"
             self._dead = WorkerDeath(
@@ -191,11 +196,6 @@ class ThreadPool:
         for t in self._threads:
             if t.ident and t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
-
-
-def _payload(wid: int, msg: Shipped) -> Any:
-    """A thread's shipped batch is the object itself."""
-    return msg.payload
 
 
 def _thread_copy(dataset: Any) -> Any:
