@@ -32,9 +32,9 @@ from stoker._engine._arrivals import Arrivals
 from stoker._engine._errors import RemoteError
 from stoker._engine._messages import Bye, Shipped, Task, ToIterator
 from stoker._engine._pool import PoolGauges
-from stoker._engine._sinks import shipped
-from stoker._engine._worker import Ended, Sink, WorkerArgs, enter_epoch, serve, start
-from stoker._fetch import IterableFetcher, MapFetcher
+from stoker._engine._sinks import ObjectShipping, ProcessSink
+from stoker._engine._worker import Ended, WorkerArgs, serve, start
+from stoker._fetch import MapFetcher
 from stoker._random import seed_globals
 from stoker._ray_cluster import actor_options, check_resources, connect, import_ray, shown
 from stoker.errors import WorkerError
@@ -65,7 +65,7 @@ class _Hello(NamedTuple):
     messages: list[Any]
 
 
-class _ActorSink(Sink):
+class _ActorSink(ProcessSink, ObjectShipping):
     """An actor's: one task at a time from its actor call, and the messages it produced
     handed back as that call's answer (batches as objects: Ray serialises them)."""
 
@@ -75,7 +75,6 @@ class _ActorSink(Sink):
         self.answers: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
         self.out: list[Any] = []
         self.ended = False
-        self.iterable = isinstance(args.fetcher, IterableFetcher)
 
     def send(self, msg: Any) -> None:
         self.out.append(msg)
@@ -88,23 +87,6 @@ class _ActorSink(Sink):
     def next_task(self) -> Task | None:
         self.hand()  # asking for the next task: the last one is done
         return self.tasks.get()
-
-    def epoch(self, seed: int) -> None:
-        if enter_epoch(self.args, seed, whole_process=True):
-            seed_globals(seed, every_device=True)
-
-    def seed_for(self, task: Task) -> int | None:
-        if self.iterable or not self.fetcher.draws:  # an iterable's: seeded once, per epoch
-            return None
-        return task.seed.seed  # type: ignore[union-attr]  # a batch's (groups: KINDS)
-
-    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
-        self.send(shipped(task, data, time.perf_counter() - started, skipped))
-
-    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
-        skipped = skips if any(s is not None for s in skips) else None
-        busy = time.perf_counter() - started
-        self.send(shipped(task, batches, busy, skipped, group=True))
 
     def fetch(self, indices: Any, seed: int | None, timer: SampleTimer | None = None) -> Any:
         if seed is not None:

@@ -169,7 +169,40 @@ def thread_worker(args: WorkerArgs, inbox: Any, outbox: Any) -> None:
         set_worker_info(None, whole_process=False)
 
 
-class ShmSink(Sink):
+class ProcessSink(Sink):
+    """A worker that is a process of its own (a worker process, a Ray actor): an iterable
+    dataset's worker seeds the process's RNGs once an epoch, a map-style batch is seeded
+    from its own seed."""
+
+    def __init__(self, args: WorkerArgs) -> None:
+        super().__init__(args)
+        self.iterable = isinstance(args.fetcher, IterableFetcher)
+
+    def epoch(self, seed: int) -> None:
+        if enter_epoch(self.args, seed, whole_process=True):
+            seed_globals(seed, every_device=True)  # its draws go on through the epoch
+
+    def seed_for(self, task: Task) -> int | None:
+        if self.iterable or not self.fetcher.draws:  # an iterable's: seeded once, per epoch
+            return None
+        return task.seed.seed  # type: ignore[union-attr]  # a batch's (groups: KINDS)
+
+
+class ObjectShipping(Sink):
+    """Ships batch objects as they are (a thread's queue, the in-process pool's list, a
+    Ray actor's answer), not into shared memory."""
+
+    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
+        busy = time.perf_counter() - started
+        self.send(shipped(task, data, busy, skipped))
+
+    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
+        skipped = skips if any(s is not None for s in skips) else None
+        busy = time.perf_counter() - started
+        self.send(shipped(task, batches, busy, skipped, group=True))
+
+
+class ShmSink(ProcessSink):
     """A worker process's: tasks from its pipe, batches into shared memory (one slot each,
     or a group's), their metadata back on the pipe, held briefly when they are fast."""
 
@@ -179,7 +212,6 @@ class ShmSink(Sink):
         self.inbox = Inbox(conn.fileno())
         self.outbox = Outbox(conn)
         self.pending: collections.deque[Task] = collections.deque()
-        self.iterable = isinstance(args.fetcher, IterableFetcher)
 
     def send(self, msg: Any) -> None:
         self.outbox.send(msg)
@@ -201,15 +233,6 @@ class ShmSink(Sink):
                 pending.clear()  # an epoch the main process abandoned: results unwanted
             pending.extend(tasks)
         return pending.popleft()
-
-    def epoch(self, seed: int) -> None:
-        if enter_epoch(self.args, seed, whole_process=True):
-            seed_globals(seed, every_device=True)  # its draws go on through the epoch
-
-    def seed_for(self, task: Task) -> int | None:
-        if self.iterable or not self.fetcher.draws:  # an iterable's: seeded once, per epoch
-            return None
-        return task.seed.seed  # type: ignore[union-attr]  # a batch's (groups: KINDS)
 
     def begin(self) -> None:
         # Making the slot (for a later batch too) may find /dev/shm full.
@@ -256,7 +279,7 @@ class ShmSink(Sink):
         self.arena.abort()
 
 
-class LocalSink(Sink):
+class LocalSink(ObjectShipping):
     """A worker in the main process's address space (a thread, or the in-process pool):
     batch objects handed over as they are; the global RNGs are shared with the main
     thread, so an iterable dataset's batches are each seeded on their own."""
@@ -275,15 +298,6 @@ class LocalSink(Sink):
         if self.iterable:  # threads share the RNGs: each batch is seeded on its own
             seed, self.fetched = mix_seed(seed, self.fetched), self.fetched + 1
         return seed if self.fetcher.draws else None
-
-    def ship(self, task: Task, data: Any, skipped: Any, started: float, first: bool) -> None:
-        busy = time.perf_counter() - started
-        self.send(shipped(task, data, busy, skipped))
-
-    def ship_group(self, task: Task, batches: list[Any], skips: list[Any], started: float) -> None:
-        skipped = skips if any(s is not None for s in skips) else None
-        busy = time.perf_counter() - started
-        self.send(shipped(task, batches, busy, skipped, group=True))
 
 
 class QueueSink(LocalSink):
