@@ -16,6 +16,7 @@ from stoker import _autotune, get_worker_info
 from stoker._autotune import Autotuner, EpochFigures
 from stoker._dataset import IterableDataset, TensorDataset
 from stoker._loader import DataLoader
+from stoker._placement import IN_PROCESS, Placement, Where
 from stoker._stats import StatsRecorder
 
 _SLEEP_S = 0.01
@@ -689,7 +690,7 @@ def test_worker_mode_auto_keeps_threads_only_where_the_gil_is_released(
     assert tuner.mode == "thread" and tuner.wants_probe
     tuner.probe(_probe(0.005, cpu, threads, share), 50)
     assert tuner.mode == "thread" and not tuner.wants_probe
-    assert tuner.next_mode() == mode
+    assert tuner.take_placement().where == mode
     assert tuner.shared_memory == (mode == "process")
 
 
@@ -772,7 +773,30 @@ def test_a_process_probe_moves_a_waiting_fetch_to_threads() -> None:
     for cpu, mode in [(0.0001, "thread"), (0.005, "process")]:
         tuner = _autotune.Autotuner.for_settings("auto", 2, "auto", False, False, batched=True)
         tuner.probe(_probe(0.005, cpu), 50)
-        assert tuner.next_mode() == mode
+        assert tuner.take_placement().where == mode
+
+
+def test_a_move_the_probe_chose_is_a_pending_placement_until_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tuner's choices reach the loader as typed placements: a kind switch is pending
+    with the model's count, a fast first batch is pending in process; taking one clears
+    it, and a fixed loader's placement is its settings'."""
+    monkeypatch.setattr(_autotune, "available_cpus", lambda: 2)
+    tuner = _autotune.Autotuner.for_settings("auto", 2, "auto", False, False, batched=True)
+    assert tuner.pending is None and tuner.placement == Placement(Where.PROCESSES, 2)
+    tuner.probe(_probe(0.005, 0.0001), 50)  # it waits: threads, as many as the capacity
+    assert tuner.pending == Placement(Where.THREADS, 8)
+    assert tuner.take_placement() == Placement(Where.THREADS, 8) and tuner.pending is None
+    monkeypatch.setattr(_autotune, "MEASURE_BELOW_S", 10.0)
+    fast = _autotune.Autotuner.for_settings("auto", 2, "process", False, True)
+    fast.probe(_probe(0.001, 0.001), 50, lambda: 1e-6)
+    assert fast.pending == IN_PROCESS and fast.take_placement() == IN_PROCESS
+    assert fast.pending is None
+    assert Placement.fixed(0, "thread") == IN_PROCESS
+    assert Placement.fixed(3, "ray") == Placement(Where.RAY, 3)
+    with pytest.raises(ValueError, match="no placement"):
+        Placement(Where.THREADS, 0)
 
 
 def test_a_first_batch_that_raises_while_timed_raises_in_its_turn() -> None:

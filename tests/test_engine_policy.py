@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stoker import _policy
+from stoker import _placement, _policy
 from stoker._collate import DefaultCollate
 from stoker._dataset import Dataset, Subset, TensorDataset
 
@@ -67,7 +67,8 @@ def test_when_loading_in_process_may_stand_in_for_workers(
     draws: bool,
     expected: bool,
 ) -> None:
-    assert _policy.may_load_in_process(num_workers, iterable, init_fn, timeout, draws) is expected
+    allowed = _placement.may_load_in_process(num_workers, iterable, init_fn, timeout, draws)
+    assert allowed is expected
 
 
 def test_lazy_start_needs_free_assignment_fork_and_a_fast_first_batch() -> None:

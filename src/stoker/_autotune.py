@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from stoker import _osprobe
 from stoker._cache import shm_room_bytes
 from stoker._osprobe import available_cpus, idle_cpus, idle_ticks, tree_cpu_seconds
+from stoker._placement import IN_PROCESS, Placement, Where, first_placement, threads_suffice
 from stoker._policy import (
     BUSY_SHARE,
     CPU_SLACK,
@@ -42,7 +43,6 @@ from stoker._policy import (
     RETRY_AFTER,
     WORKERS_PER_CPU,
     prefetch_of,
-    threads_suffice,
 )
 
 if TYPE_CHECKING:
@@ -51,23 +51,21 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger(__name__)
 
+
 class Step(NamedTuple):
     """What the tuner decided after a worker's probe or a window of batches: start
-    ``add`` more of the pool's workers now, ``deepen`` the prefetch window by one task per
-    worker, or load the rest of the epoch, and the epochs after, ``in_process``; all false:
-    change nothing (:data:`KEEP`)."""
+    ``add`` more of the pool's workers now, or ``deepen`` the prefetch window by one task
+    per worker; neither: change nothing here (:data:`KEEP`). A move of the loading
+    elsewhere is not a step but a placement (:attr:`Autotuner.pending`)."""
 
     add: int = 0
     deepen: bool = False
-    in_process: bool = False
 
 
 KEEP = Step()
 """Change nothing."""
 ADD_PREFETCH = Step(deepen=True)
 """Allow one more task in flight per worker."""
-IN_PROCESS_NOW = Step(in_process=True)
-"""Load the rest of the epoch, and the epochs after, in the main process."""
 
 
 class EpochFigures(NamedTuple):
@@ -115,16 +113,17 @@ class Autotuner:
         tune_prefetch: bool,
         shared_memory: bool,
         in_process: bool = False,
-        mode: str = "process",
+        mode: Where = Where.PROCESSES,
         tune_mode: bool = False,
         batched: bool = False,
     ) -> None:
         self.workers = workers
-        self.mode = mode
+        self.mode = Where(mode)
         self.tune_mode = tune_mode
         self._probed = False  # a probe decided (the count, the mode)
         self._predicted = workers  # the count the probe's model gave
-        self._switch: str | None = None  # the mode the next epoch switches to
+        self._switch: Where | None = None  # the kind of workers the next epoch switches to
+        self._now_in_process = False  # the probe moved loading in process, not taken yet
         self.capacity = capacity
         self.prefetch = prefetch
         self.tune_workers = tune_workers
@@ -157,13 +156,13 @@ class Autotuner:
     ) -> Autotuner:
         """The tuner of a loader with these settings, whose ``num_workers`` and/or
         ``prefetch_factor`` is "auto", or whose fixed count may load in process
-        (``in_process``, see :func:`~stoker._policy.may_load_in_process`). ``batched``:
+        (``in_process``, see :func:`~stoker._placement.may_load_in_process`). ``batched``:
         the dataset loads a batch at once (``__getitems__``), so the first probe comes
         with a whole batch, not after a few samples."""
         cpus = available_cpus()
         tune_workers = num_workers == "auto"
         tune_prefetch = prefetch_factor == "auto"
-        mode, tune_mode, no_shm = _first_mode(worker_mode, iterable, batched)
+        first = first_placement(worker_mode, iterable, batched)
         if tune_workers:
             capacity = min(MAX_CAPACITY, max(2, WORKERS_PER_CPU * cpus))
             # One per CPU where no sample is timed before a whole batch: what the model
@@ -182,18 +181,16 @@ class Autotuner:
             prefetch_of(prefetch_factor),
             tune_workers,
             tune_prefetch,
-            shared_memory=mode == "process",
+            shared_memory=first.where is Where.PROCESSES,
             in_process=in_process,
-            mode=mode,
-            tune_mode=tune_mode,
+            mode=first.where,
+            tune_mode=first.tuned,
             batched=batched,
         )
         if num_workers == "auto" and not tune_workers:
             tuner.decide(f"iterable dataset: {workers} workers (one per CPU), not tuned")
-        if no_shm is not None:
-            tuner.decide(f"thread workers: /dev/shm is {no_shm}, process workers need it")
-        elif worker_mode == "auto" and not tune_mode:
-            tuner.decide("iterable dataset: process workers (its draws are seeded per epoch)")
+        if first.why is not None:
+            tuner.decide(first.why)
         # A fixed count and prefetch: only the end-of-epoch comparison with in process.
         tuner.settled = num_workers != "auto" and not tune_prefetch
         return tuner
@@ -216,14 +213,14 @@ class Autotuner:
     ) -> Step:
         """A worker's first samples are timed: go to the count the model predicts (module
         docstring), or in process, and, with ``worker_mode="auto"``, choose the mode.
-        Returns the workers to add now, or :data:`IN_PROCESS_NOW`; only the first probe
-        decides.
+        Returns the workers to add now; a move to the main process or to the other kind
+        of workers becomes :attr:`pending`. Only the first probe decides.
 
         Args:
             p: the worker's report.
             batches_left: batches of the epoch not delivered yet, or None if unknown.
             load_in_process: times the epoch's first batch in the main process (None
-                where it draws); a fast one moves loading there (:data:`IN_PROCESS_NOW`).
+                where it draws); a fast one moves loading there.
         """
         if self._probed:
             return KEEP
@@ -232,7 +229,7 @@ class Autotuner:
         if p.nbytes:
             self._batch_bytes = max(self._batch_bytes, p.nbytes * max(1, p.batch_len))
         if self._in_process_now(p.wall * p.batch_len, load_in_process):
-            return IN_PROCESS_NOW
+            return KEEP
         want, why = self._predict(share, batches_left)
         if self.tune_mode:
             self._choose_mode(p, share)
@@ -260,6 +257,7 @@ class Autotuner:
         if load is None or load >= IN_PROCESS_NOW_S:
             return False
         self.workers, self._in_process, self.settled, self.tune_mode = 0, False, True, False
+        self._now_in_process = True
         self.decide(
             f"load in process from now on: a batch loads in {load * 1e6:.0f} us there, less "
             "than a worker takes to hand it over"
@@ -279,21 +277,37 @@ class Autotuner:
         self._looked = True
         return self._in_process_now(0.0, lambda: first_load_s(MEASURE_BELOW_S))
 
-    def next_mode(self) -> str:
-        """The mode of the iterator the loader makes next: a switch the probe chose takes
-        effect here, at an epoch's boundary, and tuning starts again from the model's count
-        (a count settled with threads that contend for the GIL is no measure of processes)."""
-        if self._switch is not None:
-            self.mode, self._switch = self._switch, None
-            self.shared_memory = self.mode == "process"
-            if self.tune_workers:
-                self.workers, self.settled = max(1, self._predicted), False
-        return self.mode
+    @property
+    def placement(self) -> Placement:
+        """Where the loading is now: in process (while it loads there, or tries it), or
+        this many workers of this kind."""
+        return IN_PROCESS if self.workers == 0 else Placement(self.mode, self.workers)
 
     @property
-    def switch(self) -> str | None:
-        """The mode the probe chose to switch to, until :meth:`next_mode` takes it."""
-        return self._switch
+    def pending(self) -> Placement | None:
+        """Where the probe chose to move the loading, until :meth:`take_placement` takes
+        it: the main process, or workers of the other kind; None for no move."""
+        if self._now_in_process:
+            return IN_PROCESS
+        if self._switch is None:
+            return None
+        return Placement(self._switch, self._switched_workers())
+
+    def take_placement(self) -> Placement:
+        """The placement of the iterator the loader (or an epoch restarted before its first
+        delivery) makes next: a move the probe chose takes effect here, and after a switch
+        of kind tuning starts again from the model's count (a count settled with threads
+        that contend for the GIL is no measure of processes)."""
+        self._now_in_process = False
+        if self._switch is not None:
+            self.workers = self._switched_workers()
+            self.mode, self._switch = self._switch, None
+            self.shared_memory = self.mode is Where.PROCESSES
+            self.settled = self.settled and not self.tune_workers
+        return self.placement
+
+    def _switched_workers(self) -> int:
+        return max(1, self._predicted) if self.tune_workers else self.workers
 
     def _predict(self, share: float, batches_left: int | None) -> tuple[int, str]:
         """The count the model predicts for a fetch using ``share`` of a CPU, and why."""
@@ -318,7 +332,7 @@ class Autotuner:
         no threads side by side, so only a fetch that waits goes to threads."""
         speedup = p.threads * p.rest_cpu / max(p.rest_wall, 1e-9) / max(share, 1e-9)
         threads, why = threads_suffice(1.0 - share, p.threads, speedup)
-        mode, self.tune_mode = ("thread" if threads else "process"), False
+        mode, self.tune_mode = (Where.THREADS if threads else Where.PROCESSES), False
         if mode == self.mode:
             self.decide(f"{mode} workers: {why}")
             return
@@ -511,22 +525,6 @@ class Autotuner:
 
     def _in_use(self) -> int:
         return self.workers * (self.prefetch + 1) * self._batch_bytes
-
-
-def _first_mode(worker_mode: str, iterable: bool, batched: bool) -> tuple[str, bool, str | None]:
-    """(the mode to start with, whether the probe may change it, why /dev/shm cannot be
-    used or None). ``worker_mode="auto"`` starts with threads (they start at once, and show
-    whether the fetch releases the GIL), or, where the probe comes only with a whole batch,
-    with processes (a switch would drop that batch; a batch that waits is dropped at less
-    cost than one that computes). An iterable dataset's draws are seeded per epoch in a
-    process, per batch in a thread, so its mode is fixed. Without a writable /dev/shm,
-    threads are the only workers that can hand batches over."""
-    no_shm = _osprobe.shm_unwritable() if worker_mode == "auto" else None
-    if no_shm is not None:
-        return "thread", False, no_shm
-    if worker_mode == "auto" and not iterable:
-        return ("process" if batched else "thread"), True, None
-    return worker_mode.replace("auto", "process"), False, None
 
 
 def memory_budget() -> int:

@@ -27,7 +27,8 @@ from stoker._elastic import check_elastic
 from stoker._engine._config import EngineConfig, EngineMemory
 from stoker._engine._pin import pin_device
 from stoker._fetch import IterableFetcher, MapFetcher, placed_tasks
-from stoker._policy import DEFAULT_PREFETCH, may_load_in_process, prefetch_of
+from stoker._placement import Placement, may_load_in_process
+from stoker._policy import DEFAULT_PREFETCH, prefetch_of
 from stoker._sampler import (
     BatchSampler,
     RandomSampler,
@@ -710,7 +711,7 @@ class DataLoader(Generic[T_co]):
     def _autotuner(self) -> Autotuner | None:
         """The loader's autotuner: when ``num_workers`` or ``prefetch_factor`` is "auto", or
         when a fixed worker count may load in process instead (see
-        :func:`~stoker._autotune.may_load_in_process`); made again when the settings it
+        :func:`~stoker._placement.may_load_in_process`); made again when the settings it
         depends on change (the dataset and sampler cannot)."""
         key = (
             self.num_workers,
@@ -746,16 +747,17 @@ class DataLoader(Generic[T_co]):
                 )
         return self._tuner
 
-    def _engine_config(self, tuner: Autotuner | None) -> EngineConfig:
-        """This loader's settings, resolved, for one iterator and its pool."""
+    def _engine_config(self, placement: Placement, tuner: Autotuner | None) -> EngineConfig:
+        """This loader's settings, resolved, for one iterator (loading at ``placement``) and
+        its pool."""
         return EngineConfig(
             make_fetcher=self._fetcher_factory(),
             dataset=self.dataset,
             collate_fn=self.collate_fn,
-            num_workers=tuner.workers if tuner is not None else int(self.num_workers),
+            num_workers=placement.workers,
             capacity=tuner.capacity if tuner is not None else int(self.num_workers),
             prefetch=tuner.prefetch if tuner is not None else prefetch_of(self.prefetch_factor),
-            worker_mode=tuner.mode if tuner is not None else self.worker_mode,
+            worker_mode=placement.where,
             context=self.multiprocessing_context,
             timeout=float(self.timeout),
             init_fn=_callable_or_unusable("worker_init_fn", self.worker_init_fn),
@@ -778,11 +780,12 @@ class DataLoader(Generic[T_co]):
             _Unusable("batch_sampler" if self._auto_collation else "sampler", index_sampler)()
         tuner = self._autotuner()
         epochs = _Epochs(self)
-        mode = tuner.next_mode() if tuner is not None else self.worker_mode
-        if self._iterator is not None and mode != self._iterator.mode:
-            self._iterator.shutdown()  # worker_mode="auto" chose the other mode
+        placement = self._placement(tuner)
+        it = self._iterator
+        if it is not None and not placement.in_process and placement.where != it.mode:
+            it.shutdown()  # worker_mode="auto" chose the other kind
             self._iterator = None
-        if self.num_workers == 0 or (tuner is not None and tuner.workers == 0):
+        if placement.in_process:
             from stoker._engine._single import SingleProcessIterator
 
             # Autotune moved to in process: persistent workers go once the trial is won.
@@ -790,7 +793,8 @@ class DataLoader(Generic[T_co]):
                 self._iterator.shutdown()
                 self._iterator = None
             self._draw_iterator_seed()
-            return SingleProcessIterator(self._engine_config(tuner), self._memory, epochs)
+            config = self._engine_config(placement, tuner)
+            return SingleProcessIterator(config, self._memory, epochs)
         from stoker._engine._multi import MultiWorkerIterator
 
         self._check_prefetch_factor()
@@ -799,22 +803,31 @@ class DataLoader(Generic[T_co]):
             from stoker._engine._single import SingleProcessIterator
 
             self._draw_iterator_seed()
-            single = SingleProcessIterator(self._engine_config(tuner), self._memory, epochs)
+            config = self._engine_config(placement, tuner)
+            single = SingleProcessIterator(config, self._memory, epochs)
             if tuner.looked(single.first_load_s):
                 return single  # its first batch loads faster here than a worker hands it over
             epoch = single.epoch  # the workers take the epoch over
         elif not self.persistent_workers or self._iterator is None or not self._iterator.alive:
             self._draw_iterator_seed()  # torch draws once for persistent workers
         if not self.persistent_workers:
-            return MultiWorkerIterator(self._engine_config(tuner), self._memory, epochs, epoch)
+            config = self._engine_config(placement, tuner)
+            return MultiWorkerIterator(config, self._memory, epochs, epoch)
         if self._iterator is None or not self._iterator.alive:
-            config = self._engine_config(tuner)
+            config = self._engine_config(placement, tuner)
             # The loader holds its persistent iterator, which reaches it only weakly: no
             # cycle, so `del loader` stops the workers at once, without the collector.
             self._iterator = MultiWorkerIterator(config, self._memory, _Epochs(self, True), epoch)
         else:
             self._iterator.restart()
         return _PersistentIterator(self._iterator, self)
+
+    def _placement(self, tuner: Autotuner | None) -> Placement:
+        """Where the next iterator loads: the tuner's placement (a move it chose takes
+        effect here, at an epoch's start), else the fixed settings'."""
+        if tuner is not None:
+            return tuner.take_placement()
+        return Placement.fixed(int(self.num_workers), self.worker_mode)
 
     def _check_prefetch_factor(self) -> None:
         """Refuse a ``prefetch_factor`` of 0 or a non-integer when workers start, where

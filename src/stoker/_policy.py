@@ -5,15 +5,15 @@ unit tests (``tests/test_engine_policy.py``). The rules:
 
 - **only stoker's code** (:func:`only_stoker_code`) and **who may see the assignment**
   (:func:`assigns_freely`): stoker's own assignment only where no user code runs.
-- **in-process fallback** (:func:`may_load_in_process`): when loading in the main process
-  may stand in for workers, ``num_workers="auto"`` or a fixed count alike.
 - **lazy start** (:func:`starts_lazily`): fork workers after the first start late.
 - **grouping** (:func:`group_size`): tiny, fast batches share a prefetch slot and a message.
 - **tail split** (:func:`worth_splitting`) and **thread split**
   (:data:`THREAD_SPLIT_MIN_S`): slow batches shared among workers that would idle.
 - **prefetch sizing** (:data:`DEFAULT_PREFETCH`, :func:`slots_kept_free`, ...).
-- **first look** (:func:`threads_suffice`): autotune's probe; **the autotuner's**
+- **first look** (:data:`THREADS_WAIT_SHARE`, ...): autotune's probe; **the autotuner's**
   budget, windows and trials (:data:`MIN_GAIN`, ...).
+- Where batches load (in process, threads or processes) is decided by the rules of
+  :mod:`stoker._placement`, on these thresholds.
 - **the engine's** slot, hold and wait sizes (:data:`EAGER_FREE_BYTES`, ...).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 from stoker._collate import DefaultCollate
 from stoker._dataset import draws_nothing
 
-# -- who may see the assignment, and the in-process fallback ----------------------------
+# -- who may see the assignment ----------------------------------------------------------
 
 
 def is_default_collate(collate_fn: Any) -> bool:
@@ -68,23 +68,6 @@ def balances_load(free: bool, tuned: bool, iterable: bool) -> bool:
     behind the first worker's (which batch a worker loads never changes the batch). An
     iterable dataset's data is its worker's: it keeps the cycle."""
     return free or (tuned and not iterable)
-
-
-def may_load_in_process(
-    num_workers: int | str, iterable: bool, init_fn: Any, timeout: float, draws: bool
-) -> bool:
-    """Whether loading in the main process may stand in for a loader's workers, when an
-    epoch shows that workers only cost (see :mod:`stoker._autotune`).
-
-    With ``num_workers="auto"``, or a fixed count where only stoker's code would run in
-    the workers (a fetcher that ``draws`` nothing runs none of the user's: where such
-    batches are gathered cannot be seen, except in the time they take). Never for an
-    iterable dataset (it shards itself by worker count), with ``worker_init_fn`` (it would
-    not run) or a ``timeout`` (the main process cannot time itself out).
-    """
-    if iterable or init_fn is not None or float(timeout):
-        return False
-    return num_workers == "auto" or not draws
 
 
 # -- lazy start --------------------------------------------------------------------------
@@ -185,9 +168,9 @@ JOIN_BUFFERS = 2
 IN_PROCESS_NOW_S = 100e-6
 """With ``num_workers="auto"``, a batch whose first load takes less than this is loaded in
 the main process from the next one on (where loading in process may stand in for workers,
-see :func:`may_load_in_process`): handing a batch over from a worker costs about as much,
-so workers cannot deliver it sooner, and waiting for an epoch's end to try would leave a
-short epoch with workers that only cost."""
+see :func:`stoker._placement.may_load_in_process`): handing a batch over from a worker
+costs about as much, so workers cannot deliver it sooner, and waiting for an epoch's end
+to try would leave a short epoch with workers that only cost."""
 IN_PROCESS_BUFFERS = 2
 """Free buffers in-process loading keeps: a loop holds one batch while the next is made, so
 the one it dropped before is free again, with one to spare."""
@@ -250,27 +233,6 @@ GIL_FREE_SPEEDUP = 1.25
 the CPU one uses alone for the fetch to count as releasing the GIL. Held, they share one
 CPU (about 1x); released, they use what the machine gives, which on two cores busy with
 other work can be as little as 1.3x."""
-
-
-def threads_suffice(waiting: float, threads: int, speedup: float) -> tuple[bool, str]:
-    """Whether thread workers serve a fetch that waits ``waiting`` of its time, and whose
-    ``threads`` threads side by side used ``speedup`` times the CPU of one alone; and why.
-    Else processes: only they run a fetch that holds the GIL in parallel.
-
-    >>> [threads_suffice(*a)[0] for a in [(0.9, 1, 0), (0.1, 4, 1.9), (0.1, 4, 1.0), (0.1, 1, 0)]]
-    [True, True, False, False]
-    """
-    if waiting >= THREADS_WAIT_SHARE:
-        return True, f"a fetch waits {waiting:.0%} of its time"
-    if threads < 2:
-        return (
-            False,
-            f"a fetch computes {1 - waiting:.0%} of its time, no thread measured beside it",
-        )
-    side = f"{threads} threads side by side use {speedup:.2g}x the CPU of one"
-    if speedup >= GIL_FREE_SPEEDUP:
-        return True, f"{side}: the fetch releases the GIL"
-    return False, f"{side}: the fetch holds the GIL"
 
 
 # -- the autotuner: its memory budget, windows, jumps and in-process trials ---------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stoker._engine._buffers import BufferPool
+from stoker._placement import Where
 
 if TYPE_CHECKING:
     from stoker._autotune import Autotuner
@@ -34,7 +35,7 @@ class EngineConfig:
         num_workers: workers given tasks at first.
         capacity: workers the pool is built with (with autotune, the most it may use).
         prefetch: tasks in flight per worker at first.
-        worker_mode: ``"process"`` or ``"thread"``.
+        worker_mode: who loads (:class:`~stoker._placement.Where`).
         context: the multiprocessing context, or None for the default.
         timeout: seconds to wait for a batch (0: as long as workers live).
         init_fn: ``worker_init_fn``, or None.
@@ -55,7 +56,7 @@ class EngineConfig:
     num_workers: int
     capacity: int
     prefetch: int
-    worker_mode: str
+    worker_mode: Where
     context: multiprocessing.context.BaseContext | None
     timeout: float
     init_fn: Callable[[int], None] | None

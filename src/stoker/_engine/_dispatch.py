@@ -31,6 +31,7 @@ from stoker._engine._messages import (
 )
 from stoker._engine._tail import Splits, mergeable, plan
 from stoker._engine._window import Entry, Failure
+from stoker._placement import Where
 from stoker._policy import (
     GROUP_AFTER,
     JOIN_BUFFERS,
@@ -85,7 +86,8 @@ class Dispatcher:
         self._can_split = free and joinable and _splittable(config)
         # Process workers get a group's batches as one task, answered in one slot (Ray
         # workers in one actor call).
-        self._group_tasks = config.worker_mode in ("process", "ray") and not config.iterable
+        grouping = config.worker_mode in (Where.PROCESSES, Where.RAY)
+        self._group_tasks = grouping and not config.iterable
         # Batches per prefetch slot; 0 until GROUP_AFTER are measured (in an earlier epoch).
         self.group = memory.task_group if free else 1
         self._busy_sum, self._busy_n = 0.0, 0  # load seconds of whole batches
@@ -297,7 +299,7 @@ def _splittable(config: EngineConfig) -> bool:
     """Whether the loader's batches may be split at an epoch's tail and joined: process
     workers, map-style, batched by the default collate, no skipped samples."""
     return (
-        config.worker_mode == "process"
+        config.worker_mode is Where.PROCESSES
         and not config.iterable
         and config.auto_collation
         and is_default_collate(config.collate_fn)

@@ -47,6 +47,7 @@ from stoker._engine._threads import ThreadPool
 from stoker._engine._window import Failure, ReorderWindow
 from stoker._engine._worker import worker_seed
 from stoker._osprobe import available_cpus
+from stoker._placement import Placement, Where
 from stoker._policy import HEALTH_CHECK_S, LAZY_START_S, START_TIMEOUT_S, starts_lazily
 from stoker._stats import StatsRecorder
 from stoker.errors import WorkerError
@@ -116,8 +117,8 @@ class MultiWorkerIterator:
         self._finalizer()
 
     @property
-    def mode(self) -> str:
-        """The workers' mode: "process" or "thread" (``worker_mode="auto"`` may switch)."""
+    def mode(self) -> Where:
+        """The workers' kind: processes or threads (``worker_mode="auto"`` may switch)."""
         return self._config.worker_mode
 
     def restart(self) -> None:
@@ -260,7 +261,7 @@ class MultiWorkerIterator:
         if probe is not None:
             timer = functools.partial(load_in_process, self._config, self._dispatch.first_task)
             step = self._tuner.probe(probe, batches_left(self._epochs, 0), timer)
-            moves = step.in_process or self._tuner.switch is not None
+            moves = self._tuner.pending is not None
             if moves and self._dispatch.drawn is not None:  # nothing delivered: may restart
                 return restart_once_first_in(self)
         else:
@@ -272,20 +273,21 @@ class MultiWorkerIterator:
             self._stats.prefetch = self._prefetch
             self._refill()
 
-    def _switch(self, mode: str | None, workers: int) -> None:
-        """Before the epoch's first delivery the tuner chose ``workers`` of ``mode`` (None:
-        the main process): the epoch starts there again; the old pool's batches are dropped."""
-        if mode == "process":  # no fork while threads run: a lock one holds would stay held
-            self._pool.shutdown()  # in the child; each stops after the sample it loads
+    def _switch(self, to: Placement) -> None:
+        """Before the epoch's first delivery the tuner chose to load ``to`` another place:
+        the epoch starts there again; the old pool's batches are dropped."""
+        if to.where is Where.PROCESSES:  # no fork while threads run: a lock one holds would
+            self._pool.shutdown()  # stay held in the child; each stops after its sample
         self._pool.shutdown(grace_s=0.0)
         self._finalizer()
         drawn, epoch = self._dispatch.drawn, self._epoch_state
-        if mode is None:
+        if to.in_process:
             epoch.tasks = itertools.chain(drawn or (), epoch.tasks)
             self._rest = SingleProcessIterator(self._config, self._memory, self._epochs, epoch)
             return
-        self._num_workers = workers
-        self._config = replace(self._config, worker_mode=mode, num_workers=workers, probe=False)
+        self._num_workers = to.workers
+        config = replace(self._config, worker_mode=to.where, num_workers=to.workers, probe=False)
+        self._config = config
         self._open_pool(epoch.number)
         self._pool.start()
         self._begin(epoch, drawn)
@@ -304,8 +306,12 @@ class MultiWorkerIterator:
         self._refill()
 
 
-POOLS: dict[str, Any] = {"process": ProcessPool, "thread": ThreadPool, "in_process": InProcessPool}
-"""The pool of each ``worker_mode`` (a test puts :class:`InProcessPool` in another's place)."""
+POOLS: dict[Where, Any] = {
+    Where.PROCESSES: ProcessPool,
+    Where.THREADS: ThreadPool,
+    Where.IN_PROCESS: InProcessPool,
+}
+"""The pool of each kind of worker (a test puts :class:`InProcessPool` in another's place)."""
 
 
 def make_pool(
@@ -314,7 +320,7 @@ def make_pool(
     """The pool of ``config.capacity`` workers seeded with ``seeds``, and the device the
     iterator pins delivered batches to: a process pool's slots are registered as pinned
     memory, so pinning them is the one copy; workers in this process pin their own (None)."""
-    if config.worker_mode == "ray":  # Ray is imported only here, for such a loader
+    if config.worker_mode is Where.RAY:  # Ray is imported only here, for such a loader
         from stoker._engine._ray import RayPool
 
         return RayPool(config, memory, seeds), config.pin_device
@@ -342,10 +348,8 @@ def restart_once_first_in(it: MultiWorkerIterator) -> None:
     tuner = it._tuner
     if tuner is None or it._dispatch.drawn is None or 0 in it._window.running:
         return
-    if tuner.workers == 0:  # IN_PROCESS_NOW
-        it._switch(None, 0)
-    elif tuner.switch is not None:
-        it._switch(tuner.next_mode(), tuner.workers)
+    if tuner.pending is not None:
+        it._switch(tuner.take_placement())
 
 
 def heeds(window: ReorderWindow, dispatch: Dispatcher, wid: int) -> bool:

@@ -15,12 +15,15 @@ import select
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from stoker._engine._messages import (
+    BatchSeed,
     GroupSeeds,
+    StreamSeed,
     Task,
     from_wire,
     seed_from_wire,
@@ -70,26 +73,42 @@ def write_all(fd: int, chunks: list[bytes]) -> None:
 
 def pack_tasks(tasks: list[Task]) -> list[tuple[Any, ...]]:
     """Tasks as plain tuples for the pipe (a NamedTuple costs more to pickle), each
-    with how its indices travel: 1-D integer index arrays as raw bytes, with their dtype
-    (far cheaper to pickle than the array); other tasks as they are, with None.
-    A group of tiny batches (``task`` a list of tasks, ``seed`` :class:`GroupSeeds`, see
-    :func:`stoker._policy.group_size`) has ``("g", dtype)``, its index arrays joined in one
-    bytes object with their lengths.
+    with how its indices travel, as its kind of seed packs them (:data:`PACKS`): 1-D
+    integer index arrays as raw bytes, with their dtype (far cheaper to pickle than the
+    array); other tasks as they are, with None. A group of tiny batches (``task`` a list
+    of tasks, ``seed`` :class:`GroupSeeds`, see :func:`stoker._policy.group_size`) has
+    ``("g", dtype)``, its index arrays joined in one bytes object with their lengths.
     """
-    out: list[tuple[Any, ...]] = []
-    for gen, idx, task, record, _ in tasks:
-        seed = seed_to_wire(record)
-        if type(record) is GroupSeeds:  # its indices are a list of arrays
-            dtypes = {t.dtype.str if _index_array(t) else None for t in task}
-            dtype = dtypes.pop() if len(dtypes) == 1 else None
-            if dtype is not None:
-                task = (b"".join(t.tobytes() for t in task), [len(t) for t in task])
-            out.append((gen, idx, task, seed, ("g", dtype)))
-        elif _index_array(task):
-            out.append((gen, idx, task.tobytes(), seed, task.dtype.str))
-        else:
-            out.append((gen, idx, task, seed, None))
-    return out
+    return [
+        (gen, idx, *PACKS[type(record)](task), seed_to_wire(record))
+        for gen, idx, task, record, _ in tasks
+    ]
+
+
+def _pack_indices(task: Any) -> tuple[Any, Any]:
+    """(the indices as they travel, how): an integer array as bytes, with its dtype."""
+    if _index_array(task):
+        return task.tobytes(), task.dtype.str
+    return task, None
+
+
+def _pack_group(tasks: list[Any]) -> tuple[Any, Any]:
+    """(a group's index lists as they travel, how): one array's bytes if all share an
+    integer dtype, with the lengths."""
+    dtypes = {t.dtype.str if _index_array(t) else None for t in tasks}
+    dtype = dtypes.pop() if len(dtypes) == 1 else None
+    if dtype is None:
+        return tasks, ("g", None)
+    return (b"".join(t.tobytes() for t in tasks), [len(t) for t in tasks]), ("g", dtype)
+
+
+PACKS: dict[type, Callable[[Any], tuple[Any, Any]]] = {
+    BatchSeed: _pack_indices,
+    GroupSeeds: _pack_group,
+    StreamSeed: _pack_indices,
+}
+"""How each kind of task seed's indices travel (a new kind is one entry here and one in
+``stoker._engine._worker.KINDS``)."""
 
 
 def _index_array(task: Any) -> bool:
@@ -107,7 +126,7 @@ def unpack_task(packed: tuple[Any, ...]) -> Task:
     >>> unpack_task(pack_tasks([group])[0]).task
     [array([0, 1]), array([0])]
     """
-    gen, idx, task, raw, dtype = packed
+    gen, idx, task, dtype, raw = packed
     seed = seed_from_wire(raw)
     if dtype is None:
         return Task(gen, idx, task, seed)
