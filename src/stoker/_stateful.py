@@ -66,13 +66,20 @@ def resumed_iterator(dataset: Any, state: Mapping[str, Any] | None) -> Iterator[
 
 
 class StreamTask(NamedTuple):
-    """What an iterable dataset's task (otherwise None) carries to a resumed worker, on
-    its first task of the epoch: its ``state`` (None: start afresh), and whether to send
-    its state after this batch (``snapshot``). A later task is None (send the state, when
-    stateful) or False (no need: ``snapshot_every_n_steps`` is far)."""
+    """What a stateful stream's task tells its worker: whether to send its state after
+    this batch (``snapshot``; not when ``snapshot_every_n_steps`` is far), and, on a
+    resumed worker's first task of the epoch, to start from ``state`` (``resumes``; a
+    None state: start afresh)."""
 
-    state: dict[str, Any] | None
     snapshot: bool
+    resumes: bool = False
+    state: dict[str, Any] | None = None
+
+
+SNAPSHOT = StreamTask(snapshot=True)
+"""A task after which the worker sends its state."""
+NO_SNAPSHOT = StreamTask(snapshot=False)
+"""A task after which no state is needed."""
 
 
 class _Snapshot(NamedTuple):
@@ -138,13 +145,13 @@ class StreamLog:
         """Each worker's state to resume from, if this epoch resumes (else empty)."""
         return self._handover
 
-    def task(self, wid: int, k: int) -> StreamTask | bool | None:
-        """The ``task`` field of batch ``k``'s task for worker ``wid``."""
+    def task(self, wid: int, k: int) -> StreamTask:
+        """What batch ``k``'s task tells worker ``wid``."""
         wants = self._wants(k)
         if wid < len(self._handover) and self._handover[wid] is not _NO_STATE:
             state, self._handover[wid] = self._handover[wid], _NO_STATE
-            return StreamTask(state, wants)
-        return None if wants else False
+            return StreamTask(snapshot=wants, resumes=True, state=state)
+        return SNAPSHOT if wants else NO_SNAPSHOT
 
     def _wants(self, k: int) -> bool:
         """Whether batch ``k`` may be a worker's last before a snapshot step (exact where

@@ -136,10 +136,10 @@ class Dispatcher:
                 break
             k, task = got
             if self._iterable:  # the worker's seed for the epoch: it seeds itself once
-                stream = self._epoch_state.stream
-                if stream is not None:  # a stateful stream: the resume state, when to send
-                    task = stream.task(wid, k)
-                self._queue(sends, wid, [k], task, StreamSeed(seed=self._worker_seeds[wid]))
+                log = self._epoch_state.stream  # a stateful stream's: resume, when to send
+                stream = log.task(wid, k) if log is not None else None
+                seed = StreamSeed(seed=self._worker_seeds[wid], stream=stream)
+                self._queue(sends, wid, [k], task, seed)
             elif group > 1 and grouping and self._group_tasks:
                 self._queue_group(
                     sends, wid, k, task, min(group, depth - window.outstanding[wid]), size

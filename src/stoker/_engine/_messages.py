@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 if TYPE_CHECKING:
     from stoker._engine._errors import RemoteError
     from stoker._fetch import Skipped
+    from stoker._stateful import StreamTask
 
 
 class BatchSeed(NamedTuple):
@@ -41,9 +42,12 @@ class GroupSeeds(NamedTuple):
 
 class StreamSeed(NamedTuple):
     """An iterable dataset's task: its worker's seed for the epoch, from which the worker
-    seeds itself once, at the epoch's first task (see ``worker_seed``)."""
+    seeds itself once, at the epoch's first task (see ``worker_seed``), and, for a
+    stateful stream, when to send its state and where to resume (``stream``; None: not
+    stateful)."""
 
     seed: int
+    stream: StreamTask | None = None
 
 
 TaskSeed = BatchSeed | GroupSeeds | StreamSeed

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.random  # loaded once here, not again in each new worker
@@ -45,7 +45,6 @@ from stoker._engine._split import HelpBoard
 from stoker._fetch import IterableFetcher, MapFetcher
 from stoker._policy import INDICES_SHOWN
 from stoker._random import batch_seeds, mix_seed, seed_globals
-from stoker._stateful import StreamTask
 from stoker._worker_info import WorkerInfo, get_worker_info, set_worker_info
 
 
@@ -293,9 +292,10 @@ class Server:
             self.generation = task.generation
             if isinstance(fetcher, IterableFetcher):
                 fetcher.restart()
-                sink.epoch(task.seed.seed)  # type: ignore[union-attr]  # a StreamSeed
-                if type(task.task) is StreamTask:  # a resumed stateful stream: its state
-                    fetcher.resume = task.task.state
+                seed = cast(StreamSeed, task.seed)  # an iterable dataset's tasks'
+                sink.epoch(seed.seed)
+                if seed.stream is not None and seed.stream.resumes:  # a resumed stream
+                    fetcher.resume = seed.stream.state
         if isinstance(fetcher, IterableFetcher) and fetcher.ended:
             sink.send(Exhausted(generation=task.generation, idx=task.idx))
             return
@@ -331,7 +331,7 @@ def serve(args: WorkerArgs, sink: Sink) -> None:
 def _load(sink: Sink, task: Task, first: bool) -> None:
     """Fetch and ship one task's batch (its own frame: nothing of it outlives the call);
     an epoch's first, timed for the autotuner if it asks; a stateful iterable dataset's
-    state before it, unless the task says none is needed (see :class:`StreamTask`)."""
+    state before it, unless the task says none is needed (see ``StreamSeed.stream``)."""
     seed = sink.seed_for(task)
     iterable = isinstance(sink.fetcher, IterableFetcher)
     started = time.perf_counter()
@@ -343,14 +343,15 @@ def _load(sink: Sink, task: Task, first: bool) -> None:
     data, skipped = sink.fetch(task.task, seed, timer)
     if timer is not None:
         timer.finish()
-    if iterable and sink.fetcher.stateful and _wants_state(task.task):  # type: ignore[union-attr]
+    stateful = iterable and sink.fetcher.stateful  # type: ignore[union-attr]
+    if stateful and _wants_state(cast(StreamSeed, task.seed)):
         sink.snapshot(task)
     sink.ship(task, data, skipped, started, first)
 
 
-def _wants_state(task: Any) -> bool:
+def _wants_state(seed: StreamSeed) -> bool:
     """Whether an iterable dataset's task asks for the worker's state after its batch."""
-    return task is None or (type(task) is StreamTask and task.snapshot)
+    return seed.stream is None or seed.stream.snapshot
 
 
 def _load_group(sink: Sink, task: Task, first: bool) -> None:
