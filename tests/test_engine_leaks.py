@@ -17,6 +17,9 @@ from stoker import DataLoader, TensorDataset
 from stoker._engine import _procs
 
 
+# About 10 s on two quiet cores; each iterator forks a worker and waits for it, so beside
+# CPU burners (tests/under_load.sh) every fork waits for a time slice: minutes, not a hang.
+@pytest.mark.timeout(900)
 def test_thousand_iterators_leave_nothing_behind() -> None:
     """1,000 iterators (partly consumed, dropped): segments, fds and children unchanged,
     but for the loader's few warm segments (bounded), which go with the loader."""
