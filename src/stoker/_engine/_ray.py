@@ -43,8 +43,11 @@ if TYPE_CHECKING:
     from stoker._engine._config import EngineConfig, EngineMemory
     from stoker._engine._probe import SampleTimer
 
-PLACE_TIMEOUT_S = 60.0
-"""How long an actor may wait to be placed on a node (resources busy) before iter() fails."""
+PLACE_TIMEOUT_S = 300.0
+"""How long an actor may take to say hello, placed on a node and started, before the
+loader fails: where others hold the resources (Ray alone would wait without end), or a
+busy node starts it slowly (a fresh Ray worker imports the dataset's modules: over a
+minute beside CPU-bound work). A cluster too small in all fails at ``iter()`` at once."""
 _PLACE_AGAIN = 3
 """With restarts, how many times a worker's actor lost before its start is placed again."""
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
@@ -377,9 +380,10 @@ class RayPool:
                 self.shutdown()
                 raise WorkerError(
                     f"DataLoader worker {w.wid} ({w.where()}) waited {PLACE_TIMEOUT_S:g} s for "
-                    f"Ray to place it: it asks for {self._options}, and the cluster has "
-                    f"{shown(free)} free now. Free those resources (other actors or jobs "
-                    "hold them), lower num_workers or ray_options, or add nodes."
+                    f"Ray to place and start its actor: it asks for {self._options}, and the "
+                    f"cluster has {shown(free)} free now. Free those resources (other actors "
+                    "or jobs hold them), lower num_workers or ray_options, or add nodes; if "
+                    "they are free, its node is too busy to start it."
                 )
 
     def _died(self, w: _Actor, exc: BaseException) -> None:
