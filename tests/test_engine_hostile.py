@@ -334,7 +334,18 @@ def test_a_worker_init_fn_that_exits_is_a_dead_worker(mode: str) -> None:
 # -- 6: Ctrl-C in the main process while it waits, and during start-up --------------------
 
 
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """Python's own SIGINT handler (KeyboardInterrupt) for the test, whatever the runner
+    inherited: a shell starts background jobs with SIGINT ignored, and Python then installs
+    none."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.usefixtures("sigint_raises")
 def test_ctrl_c_while_waiting_for_a_batch_leaves_nothing(mode: str) -> None:
     """A real SIGINT reaches the main process while it waits for batch 3: KeyboardInterrupt
     is raised there (not turned into another error), and dropping the iterator stops the
