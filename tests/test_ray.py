@@ -301,6 +301,17 @@ def _lose(cluster: Any, node: Any, it: Any) -> None:
             os.kill(w.hello.pid, signal.SIGKILL)
 
 
+def _seen_dead(node: Any) -> None:
+    """Wait (bounded) until the cluster has seen ``node`` die: until then Ray may still
+    place a new actor there, and that actor dies unborn."""
+    import ray
+
+    deadline = time.monotonic() + _GONE_WAIT_S
+    while any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, f"node {node.node_id} still alive in ray.nodes()"
+        time.sleep(0.1)
+
+
 def scenario_node_lost(cluster: Any) -> None:
     """The workers run where the resource ``doomed`` is: a third node, which dies mid-epoch.
     With worker_restarts=2 (one an actor) their new actors wait for a node, a fourth joins,
@@ -319,6 +330,7 @@ def scenario_node_lost(cluster: Any) -> None:
         got += _batches(it)
     assert got == want
     assert {w.hello.node_id for w in it._pool.workers} == {fourth.node_id}
+    _seen_dead(third)  # the next workers have no restarts: none may land on the dead node
     it = iter(_loader("ray", Images(n=120), ray_options=doomed))
     _batches(it, 2)
     _lose(cluster, fourth, it)
