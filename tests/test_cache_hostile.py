@@ -118,32 +118,34 @@ def test_a_disk_budget_beyond_the_free_space_is_an_error_naming_the_folder(
 ) -> None:
     """A 32 MiB disk cache in a 4 MiB file system: an OSError at cached() naming the
     folder, the bytes free and the budget; no store file is left there."""
+    folder = str(tmp_path / "cache")
     done = _run(
         tmp_path,
-        """
+        f"""
         try:
-            ds = stoker.cached(Rows(), 32 << 20, where="/mnt/c", always=True)
+            ds = stoker.cached(Rows(), 32 << 20, where={folder!r}, always=True)
             load_all(ds)
         except OSError as exc:
             print("OSError", exc)
-        print("left", sorted(n for n in os.listdir("/mnt/c") if n.endswith(".bin")))
+        print("left", sorted(n for n in os.listdir({folder!r}) if n.endswith(".bin")))
         """,
-        {"/mnt/c": "4m"},
+        {folder: "4m"},
     )
     assert _exit_status(done) == 0, done
-    assert "OSError" in done.stdout and "/mnt/c" in done.stdout, done.stdout
+    assert "OSError" in done.stdout and folder in done.stdout, done.stdout
     assert "33,554,432" in done.stdout and "bytes free" in done.stdout
     assert "left []" in done.stdout
 
 
-@pytest.mark.parametrize("where", ["memory", "/mnt/c"])
+@pytest.mark.parametrize("kind", ["memory", "disk"])
 def test_a_file_system_that_fills_up_later_never_kills_the_process(
-    tmp_path: Path, where: str
+    tmp_path: Path, kind: str
 ) -> None:
     """A budget that fit when the cache was made, then another program takes the space:
     the entries that no longer fit are not stored (one warning naming the place), every
     sample still arrives right, and the process lives (SIGBUS before)."""
-    folder = "/dev/shm" if where == "memory" else where
+    folder = "/dev/shm" if kind == "memory" else str(tmp_path / "cache")
+    where = "memory" if kind == "memory" else folder
     done = _run(
         tmp_path,
         f"""

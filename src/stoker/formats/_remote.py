@@ -48,8 +48,9 @@ def is_remote(url: str) -> bool:
 def local_path(url: str) -> str:
     """A local path for a local ``url`` (``file://`` removed, ``~`` expanded).
 
-    >>> local_path("file:///tmp/x")
-    '/tmp/x'
+    >>> import os
+    >>> local_path("file://" + os.getcwd()) == os.getcwd()
+    True
     """
     if url.startswith("file://"):
         url = url[len("file://") :]
