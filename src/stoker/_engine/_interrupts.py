@@ -5,6 +5,8 @@ when the batch's last view dies, which happens in the training loop's own thread
 line. Python ignores exceptions raised in finalizers ("KeyboardInterrupt ignored in
 finalize object"), so a SIGINT handled there would vanish. :func:`deferred` wraps such a
 callback to keep the interrupt, and the iterators call :func:`raise_pending` at each step.
+One window stays: a SIGINT handled on the first line of ``weakref.finalize.__call__``
+(Python's code, before ``run``'s ``try``) is still ignored by Python.
 """
 
 from __future__ import annotations
