@@ -280,6 +280,49 @@ def test_a_fetch_beside_a_blocked_probe_is_not_held_back() -> None:
     assert out == [0] and guard.serial is False
 
 
+def test_the_probes_hand_back_is_not_taken_for_a_draw_beside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fetch beside the probe that ends while the probe hands the global RNGs back (a
+    write of the probe's, not the dataset's) stands, and the epoch stays parallel. The
+    hand-back is held until that fetch came back (a quiet suite run once lost the race:
+    the epoch went serial and a barrier dataset's batches waited for each other)."""
+    guard = RngGuard()
+    entered, beside, restored, checked = (threading.Event() for _ in range(4))
+    armed: list[threading.Thread] = []  # the probe's thread, once its fetch is done
+    real_seed = random.seed
+
+    def seed(*args: Any, **kwargs: Any) -> None:
+        real_seed(*args, **kwargs)
+        if armed and threading.current_thread() is armed[0]:  # the hand-back, not the seeding
+            armed.clear()
+            restored.set()
+            checked.wait(20)  # bounded: a beside fetch that took it for a draw waits for us
+
+    monkeypatch.setattr(random, "seed", seed)
+
+    def probe_fetch(task: int) -> int:
+        entered.set()
+        assert beside.wait(20), "the fetch beside the probe never started"
+        armed.append(threading.current_thread())
+        return task
+
+    def beside_fetch(task: int) -> int:
+        beside.set()
+        assert restored.wait(20), "the probe never handed the streams back"
+        return task
+
+    out: list[int] = []
+    refetched: list[int] = []
+    probe = threading.Thread(target=lambda: out.append(guard.fetch(probe_fetch, 0, 1, probe_fetch)))
+    probe.start()
+    assert entered.wait(20)
+    got = guard.fetch(beside_fetch, 1, 2, lambda task: refetched.append(task) or task)
+    checked.set()
+    probe.join(20)
+    assert (got, refetched, out, guard.serial) == (1, [], [0], False)
+
+
 def test_thread_workers_hand_the_main_threads_rng_streams_back() -> None:
     """After thread workers seeded the process's RNGs for batches, the main thread's streams
     follow its own seeds again: torch's (which these samples do not draw from) is exactly

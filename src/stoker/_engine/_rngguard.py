@@ -11,7 +11,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,6 +30,14 @@ Wrap = Callable[[Callable[[Any], Any]], Callable[[Any], Any]]
 _NEW_EPOCH_WAIT_S = 1.0
 """How long a new epoch of persistent thread workers waits for a seeded fetch still in
 flight; past it, the last epoch's decision on whether the dataset draws stands."""
+
+
+class _Role(NamedTuple):
+    """How one fetch goes ("probe", "plain", "beside" or "seeded", see
+    :meth:`RngGuard._role`), and the count of the probe's writes when that was decided."""
+
+    kind: str
+    writes: int
 
 
 class RngGuard:
@@ -57,7 +65,10 @@ class RngGuard:
         self._unseeded = 0  # unseeded fetches in flight; seeded ones wait for them
         self._probing = False  # the probe is running
         self._crowded = False  # fetches ran unseeded beside the probe
-        self._probes = 0  # probes ended (each hands the global streams back as it ends)
+        # Starts and ends of the probe's writes to the global RNGs (seeding them as it
+        # begins, handing them back as it ends): odd while one is under way. A fetch beside
+        # the probe that sees a state move blames the dataset only if none overlapped it.
+        self._writes = 0
 
     def new_epoch(self) -> None:
         """Decide again: the dataset may start (or stop) drawing in the next epoch. Waits
@@ -84,21 +95,23 @@ class RngGuard:
         use other threads: they would draw out of order). ``probing`` fetches the probe,
         seeded: a fetch whose ``map_fn`` is :meth:`deciding`."""
         role = self._role()
-        if role == "probe":
+        if role.kind == "probe":
             try:
                 with self.lock:  # the main thread's streams go on after it (as in process)
+                    self._wrote()  # call_seeded draws from them and seeds them...
                     data = call_seeded(seed, self._probe, probing or seeded, task)
             finally:
                 with self._cond:
-                    self._probing, self._probes = False, self._probes + 1
+                    self._writes += 1  # ...and hands them back (that write began in _probe)
+                    self._probing = False
                     self._cond.notify_all()
             if not (self._crowded and self.serial):  # else others drew beside it
                 return data
-        elif role == "beside":
-            data, stands = self._beside(fetch, task)
+        elif role.kind == "beside":
+            data, stands = self._beside(fetch, task, role.writes)
             if stands:
                 return data
-        elif role == "plain":
+        elif role.kind == "plain":
             data = self._unseeded_fetch(fetch, task)
             if self.serial is False:  # the dataset draws nothing: the batch stands
                 return data
@@ -107,26 +120,35 @@ class RngGuard:
         with self.lock:
             return call_seeded(seed, seeded, task)
 
-    def _role(self) -> str:
+    def _role(self) -> _Role:
         """How this fetch goes: "probe" (the first of an epoch), "plain" (the dataset
-        draws nothing), "beside" (a probe that took too long) or "seeded"."""
+        draws nothing), "beside" (a probe that took too long) or "seeded"; with the count
+        of the probe's writes as it was decided (see :meth:`_beside`)."""
         with self._cond:
-            decided = lambda: self.serial is not None or not self._probing  # noqa: E731
             if (
                 self.serial is None
                 and self._probing
-                and not self._cond.wait_for(decided, DECIDE_WAIT_S)
+                and not self._cond.wait_for(self._decided, DECIDE_WAIT_S)
             ):
                 self._crowded = True
                 self._unseeded += 1
-                return "beside"
+                return _Role("beside", self._writes)
             if self.serial is None and not self._probing:
                 self._probing, self._crowded = True, False
-                return "probe"
+                return _Role("probe", self._writes)
             if self.serial is True:
-                return "seeded"
+                return _Role("seeded", self._writes)
             self._unseeded += 1
-            return "plain"
+            return _Role("plain", self._writes)
+
+    def _decided(self) -> bool:
+        """Whether the epoch's probe told if the dataset draws, or ended without telling."""
+        return self.serial is not None or not self._probing
+
+    def _wrote(self) -> None:
+        """Counts a start or an end of the probe's writes to the global RNGs."""
+        with self._cond:
+            self._writes += 1
 
     def _unseeded_fetch(self, fetch: Callable[[Any], Any], task: Any) -> Any:
         """``fetch(task)`` unseeded, counted while it runs (seeded fetches wait for it)."""
@@ -137,28 +159,37 @@ class RngGuard:
                 self._unseeded -= 1
                 self._cond.notify_all()
 
-    def _beside(self, fetch: Callable[[Any], Any], task: Any) -> tuple[Any, bool]:
+    def _beside(self, fetch: Callable[[Any], Any], task: Any, writes: int) -> tuple[Any, bool]:
         """``fetch(task)`` unseeded beside a probe that took too long, and whether its
-        batch stands: it moved no RNG state, or the probe's own end (which hands the
-        streams back) did and the dataset was found to draw nothing. A move of its own
-        means the dataset draws: the epoch goes serial, and the batch is fetched again."""
-        probes, before = self._probes, _rng_states()
+        batch stands: it moved no RNG state, or a write of the probe (``writes`` counts
+        them when this fetch was decided) may have and the probe found that the dataset
+        draws nothing. A move of its own means the dataset draws: the epoch goes serial,
+        and the batch is fetched again."""
+        before = _rng_states()
         data = self._unseeded_fetch(fetch, task)
-        moved = _rng_states() != before
+        if _rng_states() == before:
+            return data, True
         with self._cond:
-            probe_wrote = self._probes != probes or not self._probing
-            if moved and not probe_wrote:
+            if self._writes == writes and writes % 2 == 0:  # no write of the probe overlapped
                 self.serial = True
                 self._cond.notify_all()
-            return data, not moved or (probe_wrote and self.serial is False)
+                return data, False
+            # The probe decides after its first sample, which may have been waiting for this
+            # fetch: wait for it a little; undecided, the batch is fetched again, seeded.
+            self._cond.wait_for(self._decided, DECIDE_WAIT_S)
+            return data, self.serial is False
 
     def _probe(self, probing: Callable[[Any], Any], task: Any) -> Any:
         """The probe's fetch, the global RNGs seeded: it decides after its first sample
         (see :meth:`deciding`), or, where samples load together, after the whole fetch."""
+        self._wrote()  # the streams are seeded: the write call_seeded began has ended
         before = _rng_states()
-        data = probing(task)
-        if self.serial is None:  # no sample decided (``__getitems__``): the whole fetch does
-            self._decide(_rng_states() != before)
+        try:
+            data = probing(task)
+            if self.serial is None:  # no sample decided (``__getitems__``): the whole fetch does
+                self._decide(_rng_states() != before)
+        finally:
+            self._wrote()  # call_seeded hands the streams back next
         return data
 
     def deciding(self, rest_map: RestMap, wrap: Wrap | None = None) -> MapFn:
